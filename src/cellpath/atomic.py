@@ -1,0 +1,60 @@
+"""Atomic writes: build every output under a temporary name in the same folder, then rename.
+
+A crash or an error half-way leaves the previous output (or nothing) in place, never a partial one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file, link or directory tree if it exists."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path to write a file or a folder to; on success rename it to ``path``.
+
+    On an exception the temporary path is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_sibling(path)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"{tmp}: nothing was written for {path}")
+        if path.is_dir() and not path.is_symlink():
+            old = _temporary_sibling(path)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        remove_path(tmp)
+        raise
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete leftovers of interrupted atomic writes in ``folder``; return how many were removed."""
+    if not folder.is_dir():
+        return 0
+    stale = [p for p in folder.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+    for p in stale:
+        remove_path(p)
+    return len(stale)

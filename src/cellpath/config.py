@@ -1,0 +1,174 @@
+"""params.yaml → typed, validated configuration objects.
+
+The file is read and validated once (``load_params``); stages receive the resulting objects, never
+raw dictionaries. Every validation failure becomes one :class:`ConfigError` that names the key path
+(e.g. ``synthetic.sections[2].organ``), what was wrong and the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cellpath.errors import ConfigError
+
+# Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
+SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
+    "Breast": ("Breast cancer", "Normal"),
+    "Colon": ("Colorectal cancer", "Normal"),
+    "Lung": ("Lung cancer", "Normal"),
+    "Liver": ("Liver cancer", "Normal"),
+    "Skin": ("Melanoma", "Normal"),
+    "Lymphoid": ("Lymphoid hyperplasia",),
+}
+
+SECTION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimulatedSection(_Strict):
+    """One simulated tissue section. Unset quality knobs are drawn from the panel-wide ranges."""
+
+    section_id: Annotated[str, Field(pattern=SECTION_ID_PATTERN)]
+    organ: Literal["Breast", "Colon", "Lung", "Liver", "Skin", "Lymphoid"]
+    status: str
+    n_cells: Annotated[int, Field(ge=50, le=2_000_000)] | None = None
+    registration_jitter_um: Annotated[float, Field(ge=0.0, le=20.0)] | None = None
+    morphology_strength: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+    @model_validator(mode="after")
+    def _status_matches_organ(self) -> "SimulatedSection":
+        allowed = SIMULATED_ORGAN_STATUSES[self.organ]
+        if self.status not in allowed:
+            raise ValueError(
+                f"status {self.status!r} is not simulated for organ {self.organ!r}; "
+                f"allowed: {', '.join(repr(s) for s in allowed)}"
+            )
+        return self
+
+
+def _ordered_pair(lo_hi: tuple[float, float]) -> tuple[float, float]:
+    if lo_hi[0] > lo_hi[1]:
+        raise ValueError("range must be [low, high] with low <= high")
+    return lo_hi
+
+
+JitterRange = Annotated[
+    tuple[Annotated[float, Field(ge=0.0, le=20.0)], Annotated[float, Field(ge=0.0, le=20.0)]],
+    AfterValidator(_ordered_pair),
+]
+UnitRange = Annotated[
+    tuple[Annotated[float, Field(ge=0.0, le=1.0)], Annotated[float, Field(ge=0.0, le=1.0)]],
+    AfterValidator(_ordered_pair),
+]
+
+
+class SyntheticConfig(_Strict):
+    """The embedded default: a seeded simulator writing real Xenium + H&E file formats."""
+
+    cells_per_section: Annotated[int, Field(ge=50, le=2_000_000)] = 3000
+    he_mpp: Annotated[float, Field(gt=0.1, le=2.0)] = 0.2738
+    panel_genes: Annotated[int, Field(ge=150, le=5000)] = 300
+    reference_cells_per_type: Annotated[int, Field(ge=20, le=20_000)] = 150
+    registration_jitter_um: JitterRange = (1.0, 3.0)
+    morphology_strength: UnitRange = (0.75, 1.0)
+    stain_variation: Annotated[float, Field(ge=0.0, le=3.0)] = 1.0
+    sections: Annotated[list[SimulatedSection], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check(self) -> "SyntheticConfig":
+        ids = [s.section_id for s in self.sections]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"section_id must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+class TenxConfig(_Strict):
+    """The real path: 10x Genomics Xenium bundles listed in a manifest with per-file URLs."""
+
+    manifest: Path = Path("data/manifests/xenium_datasets.csv")
+    sections: list[Annotated[str, Field(pattern=SECTION_ID_PATTERN)]] = []
+    retries: Annotated[int, Field(ge=0, le=20)] = 3
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    max_file_bytes: Annotated[int, Field(gt=0)] = 200 * 1024**3
+
+
+class Params(_Strict):
+    """Top level of params.yaml."""
+
+    source: Literal["synthetic", "10x"] = "synthetic"
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    synthetic: SyntheticConfig
+    tenx: TenxConfig = TenxConfig()
+
+
+def _format_location(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif re.fullmatch(r"(function-after|literal|tuple|list)\[.*\]|int|float|none|str", str(part)):
+            continue  # pydantic's internal union/validator branch names are not user keys
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+def _format_error(err: dict, source: str) -> str:
+    key = _format_location(tuple(err["loc"]))
+    kind = err["type"]
+    msg = err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        parent_loc = tuple(err["loc"][:-1])
+        return f"{source}: unknown key `{key}`; allowed keys here: {_allowed_keys(parent_loc)}"
+    value = err.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, (dict, list)) or len(repr(value)) < 60 else ""
+    return f"{source}: key `{key}`: {msg}{shown}"
+
+
+def _allowed_keys(parent_loc: tuple) -> str:
+    model: type[BaseModel] = Params
+    for part in parent_loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            break
+        annotation = field.annotation
+        inner = getattr(annotation, "__args__", (annotation,))
+        nested = [a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            break
+        model = nested[0]
+    return ", ".join(model.model_fields)
+
+
+def parse_params(data: object, source: str = "params.yaml") -> Params:
+    """Validate a parsed params mapping; raise one ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(e, source) for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_params(path: Path | str = "params.yaml") -> Params:
+    """Read and validate params.yaml (or another file with the same schema)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: parameter file not found; run from the project root or pass --params")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_params(data, source=str(path))

@@ -1,0 +1,32 @@
+"""Errors a user can act on. Each message names the file, section or parameter at fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CellPathError(Exception):
+    """Base class: the CLI prints the message alone (no traceback) and exits with status 2."""
+
+
+class ConfigError(CellPathError):
+    """params.yaml (or a file it points to) is invalid."""
+
+
+class InputError(CellPathError):
+    """An input file is missing, malformed or inconsistent."""
+
+    def __init__(self, what: str, *, path: Path | str | None = None, section: str | None = None):
+        where = []
+        if section is not None:
+            where.append(f"section {section}")
+        if path is not None:
+            where.append(str(path))
+        prefix = ": ".join(where)
+        super().__init__(f"{prefix}: {what}" if prefix else what)
+        self.path = path
+        self.section = section
+
+
+class DownloadError(CellPathError):
+    """A download failed, was truncated, or did not match its checksum."""

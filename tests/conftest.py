@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny seeded simulated panel, fetched and ingested once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from cellpath.config import Params, parse_params  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+TINY_SECTIONS = [
+    {"section_id": "breast_a", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 2.0},
+    {"section_id": "breast_b", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 0.0},
+    {"section_id": "tonsil_a", "organ": "Lymphoid", "status": "Lymphoid hyperplasia"},
+]
+
+
+def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = None) -> Params:
+    """Params for a small panel: few cells, few genes, all else as in params.yaml."""
+    return parse_params({
+        "source": "synthetic",
+        "seed": seed,
+        "synthetic": {
+            "cells_per_section": cells,
+            "panel_genes": 240,
+            "reference_cells_per_type": 40,
+            "sections": sections or TINY_SECTIONS,
+        },
+    })
+
+
+@pytest.fixture(scope="session")
+def tiny_panel(tmp_path_factory) -> dict:
+    """A fetched and ingested tiny panel: {'params', 'data_dir', 'sections' (index DataFrame)}."""
+    from cellpath.stages import run_fetch, run_ingest
+
+    data_dir = tmp_path_factory.mktemp("tiny") / "data"
+    params = tiny_params()
+    run_fetch(params, data_dir)
+    index = run_ingest(params, data_dir)
+    return {"params": params, "data_dir": data_dir, "sections": index}
