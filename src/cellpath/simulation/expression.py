@@ -1,0 +1,153 @@
+"""Simulated expression: marker programs per cell type, Xenium counts and scRNA-seq references.
+
+Each ontology type has a mean-expression program over the gene panel: its primary markers high,
+secondary markers moderate, a few random non-marker genes, and a shared background. Xenium counts
+add segmentation spill-over from spatial neighbours and gamma–Poisson noise at Xenium depth; the
+reference is drawn from the same programs with a platform effect per gene, higher depth, dropout
+and a partly different gene set, so that label transfer is realistic rather than an identity copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.spatial import cKDTree
+
+from cellpath.ontology import all_marker_genes, cell_types, genes_of
+
+# Real gene symbols often found on Xenium panels that are not ontology markers: panel filler.
+FILLER_GENES: tuple[str, ...] = (
+    "ACTB", "ADGRE1", "ANKRD30A", "AR", "AREG", "BANK1", "BCL2", "BCL6", "BIRC5", "CCL19", "CCL5", "CCND1",
+    "CCNB1", "CD247", "CD27", "CD274", "CD3D", "CD3G", "CD38", "CD52", "CD69", "CD80", "CD83", "CD86", "CD8B",
+    "CDH11", "CDK1", "CEACAM6", "CENPF", "CLDN4", "CLEC10A", "CLEC14A", "CTSG", "CTTN", "CX3CL1", "CXCL13",
+    "CXCL9", "CXCR4", "DST", "DUSP1", "EGFR", "EGR1", "ELF3", "EPHA2", "ERBB2", "ERBB3", "ESR1", "FASN",
+    "FBLN1", "FCER1G", "FGFR1", "FGL2", "FN1", "FOS", "FOXA1", "GATA3", "GPR183", "GZMA", "GZMK", "HAVCR2",
+    "HMGB2", "ICOS", "IGF1", "IL2RG", "ITGAM", "ITGB2", "JUN", "KLF5", "KRT15", "KRT16", "KRT17", "KRT23",
+    "LAG3", "LGALS3", "LTB", "LY86", "MAP3K8", "MET", "MKI67IP", "MMP1", "MMP12", "MYC", "NDRG1", "NOTCH1",
+    "NUSAP1", "OPRPN", "PDCD1", "PDGFB", "PGR", "PIGR", "PLA2G2A", "POLR2J3", "PTGDS", "PTN", "PTPRC",
+    "RAMP2", "RUNX1", "S100A4", "S100A8", "S100A9", "SERPINA3", "SFRP1", "SFRP4", "SMS", "SNAI1", "SOX2",
+    "SPP1", "SQLE", "STAT1", "TACSTD2", "TCF7", "TCIM", "TENT5C", "TIGIT", "TIMP3", "TPD52", "TRAC", "TUBB2B",
+    "TWIST1", "UBE2C", "VEGFB", "WARS1", "ZEB1", "ZEB2", "ZNF562",
+)
+N_NEGATIVE_CONTROL_PROBES = 20
+N_NEGATIVE_CONTROL_CODEWORDS = 20
+N_UNASSIGNED_CODEWORDS = 10
+
+
+@dataclass(frozen=True)
+class GenePanel:
+    """Feature list of a Xenium panel: gene symbols, then control features (10x feature_type)."""
+
+    genes: tuple[str, ...]
+    controls: tuple[tuple[str, str], ...]  # (name, feature_type)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return self.genes + tuple(name for name, _ in self.controls)
+
+    @property
+    def feature_types(self) -> tuple[str, ...]:
+        return ("Gene Expression",) * len(self.genes) + tuple(kind for _, kind in self.controls)
+
+
+def build_panel(n_genes: int) -> GenePanel:
+    """Every ontology marker gene, then filler genes (real, then numbered) up to ``n_genes``."""
+    markers = all_marker_genes()
+    if n_genes < len(markers):
+        raise ValueError(f"panel_genes = {n_genes} is smaller than the {len(markers)} ontology marker genes")
+    filler = [g for g in FILLER_GENES if g not in set(markers)]
+    filler += [f"SIMGENE{i:04d}" for i in range(1, max(0, n_genes - len(markers) - len(filler)) + 1)]
+    genes = tuple(markers) + tuple(filler[: n_genes - len(markers)])
+    controls = (
+        tuple((f"NegControlProbe_{i:05d}", "Negative Control Probe") for i in range(N_NEGATIVE_CONTROL_PROBES))
+        + tuple((f"NegControlCodeword_{i:04d}", "Negative Control Codeword") for i in range(N_NEGATIVE_CONTROL_CODEWORDS))
+        + tuple((f"UnassignedCodeword_{i:04d}", "Unassigned Codeword") for i in range(N_UNASSIGNED_CODEWORDS))
+    )
+    return GenePanel(genes, controls)
+
+
+def type_programs(genes: tuple[str, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Mean expression (relative rate per gene) for every ontology type over ``genes``.
+
+    Drawn from a fixed generator, so that one seed gives the same biology in every section and in
+    the references.
+    """
+    index = {g: i for i, g in enumerate(genes)}
+    background = rng.lognormal(np.log(0.04), 0.6, len(genes))
+    programs = {}
+    marker_set = set(all_marker_genes())
+    non_marker = np.array([i for g, i in index.items() if g not in marker_set])
+    for t in cell_types():
+        rate = background.copy()
+        for g in genes_of(t.primary_markers):
+            if g in index:
+                rate[index[g]] += rng.uniform(2.5, 5.0)
+        for g in genes_of(t.secondary_markers):
+            if g in index:
+                rate[index[g]] += rng.uniform(0.8, 2.0)
+        if len(non_marker):
+            extra = rng.choice(non_marker, size=min(8, len(non_marker)), replace=False)
+            rate[extra] += rng.uniform(0.3, 1.5, len(extra))
+        if t.is_qc_state:  # necrotic/apoptotic/mitotic: an attenuated epithelial-like program
+            rate = 0.5 * rate
+        programs[t.name] = rate
+    return programs
+
+
+def xenium_counts(
+    cell_type: np.ndarray,
+    xy_um: np.ndarray,
+    cell_area: np.ndarray,
+    programs: dict[str, np.ndarray],
+    panel: GenePanel,
+    rng: np.random.Generator,
+    depth: float = 140.0,
+    spillover: float = 0.1,
+    dispersion: float = 4.0,
+) -> sparse.csr_matrix:
+    """Cells × features integer counts (genes then controls) for one Xenium section.
+
+    depth: mean transcripts per cell; spillover: fraction of each cell's rate taken from its six
+    nearest neighbours (segmentation bleed); dispersion: gamma shape of the biological noise.
+    """
+    rates = np.stack([programs[t] for t in cell_type])
+    if spillover > 0 and len(xy_um) > 6:
+        _, neighbours = cKDTree(xy_um).query(xy_um, k=7)
+        rates = (1 - spillover) * rates + spillover * rates[neighbours[:, 1:]].mean(axis=1)
+    size = cell_area / np.mean(cell_area) * rng.lognormal(0.0, 0.3, len(cell_type))
+    rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size)[:, None]
+    gene_counts = rng.poisson(rates * rng.gamma(dispersion, 1.0 / dispersion, rates.shape))
+    control_counts = rng.poisson(0.004, (len(cell_type), len(panel.controls)))
+    return sparse.csr_matrix(np.hstack([gene_counts, control_counts]).astype(np.int32))
+
+
+def reference_counts(
+    cell_type: np.ndarray,
+    programs: dict[str, np.ndarray],
+    panel_genes: tuple[str, ...],
+    rng: np.random.Generator,
+    depth: float = 1500.0,
+    dropped_fraction: float = 0.05,
+    n_extra_genes: int = 60,
+) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
+    """scRNA-seq counts for reference cells and the reference's own gene list.
+
+    The reference misses ``dropped_fraction`` of the panel genes (never all markers of a type),
+    measures ``n_extra_genes`` the panel lacks, has a per-gene platform capture bias, higher depth
+    and dropout.
+    """
+    n_drop = int(round(dropped_fraction * len(panel_genes)))
+    keep = np.sort(rng.choice(len(panel_genes), len(panel_genes) - n_drop, replace=False))
+    extra = tuple(f"REFGENE{i:04d}" for i in range(1, n_extra_genes + 1))
+    genes = tuple(panel_genes[i] for i in keep) + extra
+    capture = rng.lognormal(0.0, 0.5, len(keep))
+    extra_programs = {t: rng.lognormal(np.log(0.05), 1.0, n_extra_genes) for t in programs}
+    rates = np.stack([np.concatenate([programs[t][keep] * capture, extra_programs[t]]) for t in cell_type])
+    size = rng.lognormal(0.0, 0.45, len(cell_type))
+    rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size)[:, None]
+    counts = rng.poisson(rates * rng.gamma(3.0, 1.0 / 3.0, rates.shape))
+    dropout = rng.random(counts.shape) < rng.uniform(0.05, 0.3, len(genes))[None, :]
+    counts[dropout] = 0
+    return sparse.csr_matrix(counts.astype(np.int32)), genes

@@ -1,0 +1,200 @@
+"""The embedded default source: a seeded simulator writing a multi-organ Xenium + H&E panel.
+
+Per section it paints a tissue layout from the organ's program, draws nuclear morphology, renders
+an H&E image through a section-specific stain and scan, simulates Xenium expression, and writes a
+bundle in 10x's own formats (:mod:`cellpath.sources.xenium_bundle`) to ``data/raw/<section_id>/``.
+Beside the 10x files it writes ``section.json`` (section metadata, as the 10x source does) and the
+simulator's ground truth (``simulation_truth.parquet``, ``simulation.json``), which no reader of
+real data relies on. One scRNA-seq reference per organ goes to ``data/references/<organ>.h5ad``.
+
+Determinism: every random draw comes from generators seeded by (seed, section_id), so the same
+params give byte-identical files whatever the order or parallelism of sections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from cellpath.atomic import atomic_output, remove_stale_temporaries
+from cellpath.config import SimulatedSection, SyntheticConfig
+from cellpath.coords import XENIUM_PIXEL_SIZE_UM
+from cellpath.simulation.expression import GenePanel, build_panel, reference_counts, type_programs, xenium_counts
+from cellpath.simulation.morphology import draw_nuclei
+from cellpath.simulation.programs import organ_cell_types, program_for
+from cellpath.simulation.render import draw_acquisition, render_section
+from cellpath.simulation.tissue import layout_cells
+from cellpath.sources import xenium_bundle as xb
+
+log = logging.getLogger(__name__)
+
+HE_MARGIN_UM = 30.0
+BIOLOGY_STREAM = 0  # generator stream for what all sections share (expression programs)
+REFERENCE_STREAM = 1
+
+
+def _rng(seed: int, *keys: int | str) -> np.random.Generator:
+    words = [seed] + [zlib.crc32(k.encode()) if isinstance(k, str) else k for k in keys]
+    return np.random.default_rng(words)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """H&E placement: ``he_to_morph`` 3×3 (H&E px → morphology px) and the image shape (rows, cols)."""
+
+    he_to_morph: np.ndarray
+    shape: tuple[int, int]
+
+    @property
+    def he_to_um(self) -> np.ndarray:
+        return np.diag([XENIUM_PIXEL_SIZE_UM, XENIUM_PIXEL_SIZE_UM, 1.0]) @ self.he_to_morph
+
+    def um_to_he(self, xy_um: np.ndarray) -> np.ndarray:
+        inverse = np.linalg.inv(self.he_to_um)
+        return xy_um @ inverse[:2, :2].T + inverse[:2, 2]
+
+
+def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator) -> Registration:
+    """A non-identity affine: rotation of 2-8° either way, scale to ``he_mpp``, random offset."""
+    angle = np.deg2rad(rng.uniform(2.0, 8.0) * rng.choice([-1.0, 1.0]))
+    scale = he_mpp / XENIUM_PIXEL_SIZE_UM
+    linear = scale * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    corners_um = np.array([[0, 0], [field_um, 0], [0, field_um], [field_um, field_um]], dtype=float)
+    corners_he = (corners_um / XENIUM_PIXEL_SIZE_UM) @ np.linalg.inv(linear).T
+    margin_px = (HE_MARGIN_UM + rng.uniform(0, 40.0)) / he_mpp
+    low = corners_he.min(axis=0) - margin_px
+    translation = linear @ low  # morph = linear·he + t: the corner at H&E px `low` maps to morph px 0
+    extent = corners_he.max(axis=0) - low + margin_px
+    matrix = np.eye(3)
+    matrix[:2, :2] = linear
+    matrix[:2, 2] = translation
+    return Registration(matrix, (int(np.ceil(extent[1])), int(np.ceil(extent[0]))))
+
+
+def _direction_angles_on_he(angles_um: np.ndarray, registration: Registration) -> np.ndarray:
+    inverse = np.linalg.inv(registration.he_to_um[:2, :2])
+    directions = np.column_stack([np.cos(angles_um), np.sin(angles_um)]) @ inverse.T
+    return np.arctan2(directions[:, 1], directions[:, 0])
+
+
+def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: int, panel: GenePanel,
+                     programs: dict[str, np.ndarray], out_dir: Path) -> dict:
+    """Simulate one section and write its bundle into ``out_dir`` (which must exist). Returns its truth summary."""
+    rng = _rng(seed, "section", section.section_id)
+    jitter = section.registration_jitter_um
+    if jitter is None:
+        jitter = float(rng.uniform(*config.registration_jitter_um))
+    strength = section.morphology_strength
+    if strength is None:
+        strength = float(rng.uniform(*config.morphology_strength))
+    n_cells = section.n_cells or config.cells_per_section
+    program = program_for(section.organ, section.status)
+
+    layout, tmap = layout_cells(program, n_cells, rng)
+    n = len(layout.xy_um)
+    draws = draw_nuclei(layout.cell_type, strength, rng)
+    acquisition = draw_acquisition(rng, config.stain_variation)
+    registration = draw_registration(layout.field_um, config.he_mpp, rng)
+
+    nucleus_he = registration.um_to_he(layout.xy_um)
+    angle_he = _direction_angles_on_he(layout.orientation, registration)
+    rgb = render_section(tmap, registration.he_to_um, registration.shape, nucleus_he, angle_he, draws,
+                         config.he_mpp, acquisition, rng)
+
+    measured_nucleus = layout.xy_um + rng.normal(0.0, jitter / np.sqrt(2.0), size=(n, 2))
+    cell_centre = measured_nucleus - draws.offset
+    cell_area = np.pi * draws.cytoplasm_radius**2 * np.maximum(draws.minor / draws.major, 0.45)
+    cell_area = np.maximum(cell_area, np.pi * draws.vacuole**2)
+    counts = xenium_counts(layout.cell_type, layout.xy_um, cell_area, programs, panel, rng)
+    prefixes = np.sort(rng.choice(2**31, size=n, replace=False)).astype(np.uint32)
+    cells = xb.BundleCells(
+        id_prefix=prefixes, cell_xy_um=cell_centre, nucleus_xy_um=measured_nucleus, cell_area=cell_area,
+        nucleus_area=draws.nucleus_area, nucleus_axes_um=np.column_stack([draws.major, draws.minor]),
+        nucleus_angle=layout.orientation, counts=counts, feature_names=panel.feature_names,
+        feature_types=panel.feature_types,
+    )
+    prefix = f"{section.section_id}_"
+    xb.write_experiment(out_dir / "experiment.xenium", run_name=f"simulated {section.section_id}",
+                        region_name=section.section_id, n_cells=n, panel_name="cellpath simulated panel",
+                        n_targets=len(panel.genes), pixel_size_um=XENIUM_PIXEL_SIZE_UM,
+                        median_transcripts=float(np.median(np.asarray(counts.sum(axis=1)))))
+    xb.write_feature_matrix(out_dir / "cell_feature_matrix.h5", cells)
+    xb.write_cells_parquet(out_dir / "cells.parquet", cells)
+    xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
+    xb.write_nucleus_boundaries(out_dir / "nucleus_boundaries.parquet", cells)
+    xb.write_he_ome_tiff(out_dir / f"{prefix}he_image.ome.tif", rgb, config.he_mpp)
+    xb.write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", registration.he_to_morph)
+
+    truth = pd.DataFrame({
+        "cell_id": cells.cell_ids,
+        "cell_type": layout.cell_type,
+        "compartment": layout.compartment,
+        "true_x_um": layout.xy_um[:, 0], "true_y_um": layout.xy_um[:, 1],
+        "true_he_x_px": nucleus_he[:, 0], "true_he_y_px": nucleus_he[:, 1],
+        "nucleus_major_um": draws.major, "nucleus_minor_um": draws.minor,
+        "orientation_rad": layout.orientation,
+    })
+    truth.to_parquet(out_dir / "simulation_truth.parquet", index=False)
+    summary = {
+        "section_id": section.section_id, "organ": section.organ, "status": section.status, "n_cells": n,
+        "field_um": layout.field_um, "registration_jitter_um": jitter, "morphology_strength": strength,
+        "he_mpp": config.he_mpp, "he_shape": list(registration.shape), "acquisition": acquisition.as_dict(),
+    }
+    (out_dir / "simulation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "section.json").write_text(json.dumps({
+        "section_id": section.section_id, "dataset": f"Simulated {section.organ} ({section.status})",
+        "organ": section.organ, "status": section.status, "source": "synthetic", "prefix": prefix,
+    }, indent=2) + "\n")
+    return summary
+
+
+def simulate_reference(organ: str, config: SyntheticConfig, seed: int, panel: GenePanel,
+                       programs: dict[str, np.ndarray]) -> ad.AnnData:
+    """A labelled scRNA-seq reference for one organ (raw counts; obs ``cell_type`` in ontology names)."""
+    rng = _rng(seed, REFERENCE_STREAM, organ)
+    types = organ_cell_types(organ)
+    sizes = np.maximum(5, np.round(config.reference_cells_per_type * rng.uniform(0.5, 1.5, len(types)))).astype(int)
+    labels = np.repeat(np.array(types, dtype=object), sizes)
+    counts, genes = reference_counts(labels, programs, panel.genes, rng)
+    obs = pd.DataFrame({
+        "cell_type": pd.Categorical(labels),
+        "donor": pd.Categorical([f"donor{d}" for d in rng.integers(1, 4, len(labels))]),
+        "organ": organ,
+    }, index=[f"{organ.lower()}-ref-{i:06d}" for i in range(len(labels))])
+    adata = ad.AnnData(X=counts, obs=obs, var=pd.DataFrame(index=list(genes)))
+    adata.uns["reference"] = {"organ": organ, "source": "cellpath simulator", "label_column": "cell_type",
+                              "counts": "raw", "platform": "simulated scRNA-seq"}
+    return adata
+
+
+def fetch_synthetic(config: SyntheticConfig, seed: int, raw_dir: Path, references_dir: Path) -> dict:
+    """Write every simulated section and one reference per organ; return a summary for the logs."""
+    panel = build_panel(config.panel_genes)
+    programs = type_programs(panel.genes, _rng(seed, BIOLOGY_STREAM))
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    references_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(raw_dir)
+    remove_stale_temporaries(references_dir)
+    summaries = []
+    for section in config.sections:
+        with atomic_output(raw_dir / section.section_id) as tmp:
+            tmp.mkdir()
+            summary = simulate_section(section, config, seed, panel, programs, tmp)
+        log.info("simulated %s (%s, %s): %d cells, jitter %.2f µm, morphology strength %.2f",
+                 section.section_id, section.organ, section.status, summary["n_cells"],
+                 summary["registration_jitter_um"], summary["morphology_strength"])
+        summaries.append(summary)
+    for organ in sorted({s.organ for s in config.sections}):
+        adata = simulate_reference(organ, config, seed, panel, programs)
+        with atomic_output(references_dir / f"{organ.lower()}.h5ad") as tmp:
+            adata.write_h5ad(tmp)
+        log.info("reference %s: %d cells × %d genes, %d types", organ, adata.n_obs, adata.n_vars,
+                 adata.obs["cell_type"].nunique())
+    return {"sections": summaries, "references": sorted({s.organ for s in config.sections})}
