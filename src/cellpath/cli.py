@@ -1,0 +1,83 @@
+"""Command line: ``cellpath <stage>``. dvc.yaml calls only these commands.
+
+Each stage reads params.yaml once through :mod:`cellpath.config`, logs what it read and wrote,
+and exits with status 2 and a one-paragraph message (no traceback) on a user-facing error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cellpath.errors import CellPathError
+
+log = logging.getLogger("cellpath")
+
+
+def _configure_logging(verbose: bool) -> None:
+    # Configure before tiatoolbox is imported: it adds its own handlers to the root logger.
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for noisy in ("tiatoolbox", "numba", "fsspec", "h5py", "PIL", "matplotlib", "urllib3", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fetch(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages import run_fetch
+
+    run_fetch(load_params(args.params), Path(args.data_dir))
+
+
+def _ingest(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages import run_ingest
+
+    run_ingest(load_params(args.params), Path(args.data_dir))
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+
+    params = load_params(args.params)
+    print(f"{args.params}: valid (source={params.source}, {len(params.synthetic.sections)} simulated sections)")
+
+
+STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
+    "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
+    "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
+    "validate": (_validate, "check params.yaml and print a one-line summary"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cellpath", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
+    for name, (_, help_text) in STAGES.items():
+        stage = sub.add_parser(name, help=help_text, description=help_text)
+        stage.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
+        stage.add_argument("--data-dir", default="data", help="data folder (default: data)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    handler, _ = STAGES[args.stage]
+    started = time.perf_counter()
+    try:
+        handler(args)
+    except CellPathError as exc:
+        print(f"cellpath {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    log.info("%s finished in %.1f s", args.stage, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
