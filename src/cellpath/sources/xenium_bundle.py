@@ -215,7 +215,7 @@ def _ome_xml(shape: tuple[int, int, int], mpp: float, name: str) -> str:
         'xsi:schemaLocation="http://www.openmicroscopy.org/Schemas/OME/2016-06 '
         'http://www.openmicroscopy.org/Schemas/OME/2016-06/ome.xsd" Creator="cellpath">'
         '<Instrument ID="Instrument:0"><Objective ID="Objective:0" NominalMagnification="40.0"/></Instrument>'
-        f'<Image ID="Image:0" Name="{name}"><ObjectiveSettings ID="Objective:0"/><Pixels ID="Pixels:0" DimensionOrder="XYCZT" Type="uint8" '
+        f'<Image ID="Image:0" Name="{name}"><InstrumentRef ID="Instrument:0"/><ObjectiveSettings ID="Objective:0"/><Pixels ID="Pixels:0" DimensionOrder="XYCZT" Type="uint8" '
         f'SizeX="{width}" SizeY="{height}" SizeC="3" SizeZ="1" SizeT="1" '
         f'PhysicalSizeX="{mpp:.6f}" PhysicalSizeXUnit="&#181;m" PhysicalSizeY="{mpp:.6f}" PhysicalSizeYUnit="&#181;m" '
         'Interleaved="true"><Channel ID="Channel:0:0" SamplesPerPixel="3"><LightPath/></Channel>'
