@@ -20,7 +20,7 @@ from sklearn.preprocessing import StandardScaler
 
 from cellpath.config import load_params
 from cellpath.coords import XENIUM_PIXEL_SIZE_UM, he_mpp_from_alignment, parse_alignment_csv
-from cellpath.ontology import FINE_CLASSES, cell_type, cell_type_by_name, genes_of
+from cellpath.ontology import FINE_CLASSES, cell_type, cell_type_by_name, genes_of, map_reference_labels
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import COMPARTMENTS, PROGRAMS
 from cellpath.simulation.tissue import layout_cells
@@ -223,7 +223,9 @@ def test_reference_differs_technically_from_xenium(tiny_panel):
     assert len(shared) >= 0.9 * len(panel_genes)
     assert panel_genes - ref_genes and ref_genes - panel_genes
     assert ref.X.sum() / ref.n_obs > 5 * xenium_depth
-    assert ref.obs["cell_type"].isin(list(cell_type_by_name())).all()
+    mapping = map_reference_labels(list(ref.obs["cell_type"].unique()), ref.uns["reference"]["label_vocabulary"])
+    assert set(mapping.values()) <= set(cell_type_by_name())
+    assert set(mapping) != set(mapping.values())  # the reference speaks its own vocabulary
     assert ref.obs["cell_type"].nunique() >= 10
 
 

@@ -113,3 +113,46 @@ def all_marker_genes() -> tuple[str, ...]:
     for t in cell_types():
         genes.update(genes_of(t.primary_markers + t.secondary_markers))
     return tuple(sorted(genes))
+
+
+ALIAS_TABLE = "label_aliases.csv"
+ONTOLOGY_VOCABULARY = "cellpath-ontology"
+
+
+@functools.cache
+def label_aliases() -> dict[str, dict[str, str]]:
+    """Versioned alias table: vocabulary (e.g. ``name/1``) → {reference label → ontology label}."""
+    table: dict[str, dict[str, str]] = {}
+    with resources.files("cellpath.data").joinpath(ALIAS_TABLE).open() as handle:
+        for row in csv.DictReader(handle):
+            table.setdefault(row["vocabulary"], {})[row["reference_label"]] = row["ontology_label"]
+    return table
+
+
+def map_reference_labels(labels: list[str], vocabulary: str) -> dict[str, str]:
+    """Map a reference's own label names onto ontology names.
+
+    Ontology names map to themselves in every vocabulary; other names need a row of the alias
+    table for ``vocabulary``. Raises KeyError listing every unmapped label.
+    """
+    aliases = label_aliases().get(vocabulary, {})
+    known = cell_type_by_name()
+    mapping, unmapped = {}, []
+    for label in sorted(set(labels)):
+        if label in aliases:
+            mapping[label] = aliases[label]
+        elif label in known:
+            mapping[label] = label
+        else:
+            unmapped.append(label)
+    if unmapped:
+        raise KeyError(
+            f"{len(unmapped)} reference label(s) have no ontology mapping in vocabulary {vocabulary!r}: "
+            f"{', '.join(repr(u) for u in unmapped)}; add rows to cellpath/data/{ALIAS_TABLE}"
+        )
+    return mapping
+
+
+def inverse_aliases(vocabulary: str) -> dict[str, str]:
+    """Ontology label → reference label for one vocabulary (used by the simulator's references)."""
+    return {ontology: ref for ref, ontology in label_aliases().get(vocabulary, {}).items()}

@@ -26,6 +26,7 @@ import pandas as pd
 from cellpath.atomic import atomic_output, remove_stale_temporaries
 from cellpath.config import SimulatedSection, SyntheticConfig
 from cellpath.coords import XENIUM_PIXEL_SIZE_UM
+from cellpath.ontology import inverse_aliases
 from cellpath.simulation.expression import GenePanel, build_panel, reference_counts, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import organ_cell_types, program_for
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 HE_MARGIN_UM = 30.0
 BIOLOGY_STREAM = 0  # generator stream for what all sections share (expression programs)
 REFERENCE_STREAM = 1
+REFERENCE_VOCABULARY = "cellpath-simulated-atlas/1"
 
 
 def _rng(seed: int, *keys: int | str) -> np.random.Generator:
@@ -157,20 +159,23 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
 
 def simulate_reference(organ: str, config: SyntheticConfig, seed: int, panel: GenePanel,
                        programs: dict[str, np.ndarray]) -> ad.AnnData:
-    """A labelled scRNA-seq reference for one organ (raw counts; obs ``cell_type`` in ontology names)."""
+    """A labelled scRNA-seq reference for one organ: raw counts; obs ``cell_type`` in an atlas-style
+    vocabulary of its own (mapped back to the ontology through the alias table, as for a real atlas)."""
     rng = _rng(seed, REFERENCE_STREAM, organ)
     types = organ_cell_types(organ)
     sizes = np.maximum(5, np.round(config.reference_cells_per_type * rng.uniform(0.5, 1.5, len(types)))).astype(int)
     labels = np.repeat(np.array(types, dtype=object), sizes)
     counts, genes = reference_counts(labels, programs, panel.genes, rng)
+    atlas_names = inverse_aliases(REFERENCE_VOCABULARY)
     obs = pd.DataFrame({
-        "cell_type": pd.Categorical(labels),
+        "cell_type": pd.Categorical([atlas_names[t] for t in labels]),
         "donor": pd.Categorical([f"donor{d}" for d in rng.integers(1, 4, len(labels))]),
         "organ": organ,
     }, index=[f"{organ.lower()}-ref-{i:06d}" for i in range(len(labels))])
     adata = ad.AnnData(X=counts, obs=obs, var=pd.DataFrame(index=list(genes)))
     adata.uns["reference"] = {"organ": organ, "source": "cellpath simulator", "label_column": "cell_type",
-                              "counts": "raw", "platform": "simulated scRNA-seq"}
+                              "label_vocabulary": REFERENCE_VOCABULARY, "counts": "raw",
+                              "platform": "simulated scRNA-seq"}
     return adata
 
 
