@@ -38,11 +38,17 @@ def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = N
 
 @pytest.fixture(scope="session")
 def tiny_panel(tmp_path_factory) -> dict:
-    """A fetched and ingested tiny panel: {'params', 'data_dir', 'sections' (index DataFrame)}."""
-    from cellpath.stages import run_fetch, run_ingest
+    """A fetched, ingested and annotated tiny panel.
 
-    data_dir = tmp_path_factory.mktemp("tiny") / "data"
+    Keys: params, data_dir, reports_dir, sections (ingest index), labels (annotate summary).
+    """
+    from cellpath.stages import run_annotate, run_fetch, run_ingest
+
+    root = tmp_path_factory.mktemp("tiny")
+    data_dir, reports_dir = root / "data", root / "reports"
     params = tiny_params()
     run_fetch(params, data_dir)
     index = run_ingest(params, data_dir)
-    return {"params": params, "data_dir": data_dir, "sections": index}
+    summary = run_annotate(params, data_dir, reports_dir)
+    return {"params": params, "data_dir": data_dir, "reports_dir": reports_dir, "sections": index,
+            "labels": summary}

@@ -20,8 +20,7 @@ from conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
-TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath/sources", "src/cellpath/simulation", "src/cellpath/data",
-           "src/cellpath/ingest.py", "src/cellpath/coords.py"]
+TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath"]
 
 
 def _env() -> dict[str, str]:
@@ -75,13 +74,17 @@ def repo(tmp_path_factory) -> dict[str, Path]:
 
 def test_repro_runs_both_stages_and_writes_outputs(repo):
     work = repo["work"]
-    assert "Running stage 'fetch'" in repo["first"] and "Running stage 'ingest'" in repo["first"]
+    for stage in ("fetch", "ingest", "annotate"):
+        assert f"Running stage '{stage}'" in repo["first"]
     assert sorted(p.name for p in (work / "data" / "raw").iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "references").iterdir()) == ["colon.h5ad", "skin.h5ad"]
     sections = sorted(p.name for p in (work / "data" / "sections").iterdir())
     assert sections == ["colon_t.zarr", "sections.csv", "skin_t.zarr"]
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"fetch", "ingest"}
+    assert set(lock["stages"]) == {"fetch", "ingest", "annotate"}
+    assert sorted(p.name for p in (work / "data" / "labels").iterdir()) == [
+        "colon_t.parquet", "marker_qc.csv", "skin_t.parquet", "summary.csv"]
+    assert (work / "reports" / "annotation" / "metrics.json").is_file()
     ignored = (work / "data" / ".gitignore").read_text()
     assert "/raw" in ignored and "/sections" in ignored  # data are tracked by DVC, not git
 

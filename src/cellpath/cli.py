@@ -40,6 +40,13 @@ def _ingest(args: argparse.Namespace) -> None:
     run_ingest(load_params(args.params), Path(args.data_dir))
 
 
+def _annotate(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages import run_annotate
+
+    run_annotate(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
 
@@ -50,6 +57,7 @@ def _validate(args: argparse.Namespace) -> None:
 STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
     "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
+    "annotate": (_annotate, "transfer 68-type labels from the references; Tfine/Tcoarse, eligibility, marker QC"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
 }
 
@@ -62,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         stage = sub.add_parser(name, help=help_text, description=help_text)
         stage.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
         stage.add_argument("--data-dir", default="data", help="data folder (default: data)")
+        stage.add_argument("--reports-dir", default="reports", help="reports folder (default: reports)")
     return parser
 
 

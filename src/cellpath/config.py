@@ -101,6 +101,20 @@ class TenxConfig(_Strict):
     max_file_bytes: Annotated[int, Field(gt=0)] = 200 * 1024**3
 
 
+class AnnotateConfig(_Strict):
+    """Reference-guided label transfer, eligibility and marker QC (the ``annotate`` stage)."""
+
+    references: dict[Annotated[str, Field(pattern=SECTION_ID_PATTERN)], str] = {}
+    label_column: str = "cell_type"
+    label_vocabulary: str | None = None
+    regularisation_c: Annotated[float, Field(gt=0.0, le=1e4)] = 5.0
+    confidence_threshold: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.4
+    min_shared_genes: Annotated[int, Field(ge=1)] = 20
+    min_cells_per_coarse_class: Annotated[int, Field(ge=1)] = 10
+    marker_min_cells: Annotated[int, Field(ge=2)] = 10
+    marker_min_log_fold_change: Annotated[float, Field(ge=0.0)] = 0.25
+
+
 class Params(_Strict):
     """Top level of params.yaml."""
 
@@ -108,6 +122,7 @@ class Params(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     synthetic: SyntheticConfig
     tenx: TenxConfig = TenxConfig()
+    annotate: AnnotateConfig = AnnotateConfig()
 
 
 def _format_location(loc: tuple[str | int, ...]) -> str:
