@@ -29,8 +29,8 @@ def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = N
         "seed": seed,
         "synthetic": {
             "cells_per_section": cells,
-            "panel_genes": 240,
-            "reference_cells_per_type": 40,
+            "panel_genes": 300,
+            "reference_cells_per_type": 120,
             "sections": sections or TINY_SECTIONS,
         },
     })

@@ -38,7 +38,7 @@ def test_every_section_is_ingested_with_its_metadata(tiny_panel):
         table = _table(tiny_panel, section_id)
         truth = pd.read_parquet(tiny_panel["data_dir"] / "raw" / section_id / "simulation_truth.parquet")
         assert table.n_obs == len(truth) == index.set_index("section_id").loc[section_id, "n_cells"]
-        assert table.n_vars == 240  # genes only: control probes are not expression
+        assert table.n_vars == 300  # genes only: control probes are not expression
         assert (table.obs["section_id"] == section_id).all()
         assert list(table.obs_names) == list(truth["cell_id"])
         assert table.uns["section"]["organ"] in ("Breast", "Lymphoid")

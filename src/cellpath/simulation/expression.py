@@ -31,6 +31,10 @@ FILLER_GENES: tuple[str, ...] = (
     "SPP1", "SQLE", "STAT1", "TACSTD2", "TCF7", "TCIM", "TENT5C", "TIGIT", "TIMP3", "TPD52", "TRAC", "TUBB2B",
     "TWIST1", "UBE2C", "VEGFB", "WARS1", "ZEB1", "ZEB2", "ZNF562",
 )
+# Relative expression rates of the type programs (per gene, before scaling to a cell's depth).
+BACKGROUND_RATE = 0.1
+PRIMARY_MARKER_RATE = (0.7, 2.2)
+SECONDARY_MARKER_RATE = (0.25, 0.8)
 N_NEGATIVE_CONTROL_PROBES = 20
 N_NEGATIVE_CONTROL_CODEWORDS = 20
 N_UNASSIGNED_CODEWORDS = 10
@@ -75,7 +79,7 @@ def type_programs(genes: tuple[str, ...], rng: np.random.Generator) -> dict[str,
     the references.
     """
     index = {g: i for i, g in enumerate(genes)}
-    background = rng.lognormal(np.log(0.04), 0.6, len(genes))
+    background = rng.lognormal(np.log(BACKGROUND_RATE), 0.6, len(genes))
     programs = {}
     marker_set = set(all_marker_genes())
     non_marker = np.array([i for g, i in index.items() if g not in marker_set])
@@ -83,10 +87,10 @@ def type_programs(genes: tuple[str, ...], rng: np.random.Generator) -> dict[str,
         rate = background.copy()
         for g in genes_of(t.primary_markers):
             if g in index:
-                rate[index[g]] += rng.uniform(2.5, 5.0)
+                rate[index[g]] += rng.uniform(*PRIMARY_MARKER_RATE)
         for g in genes_of(t.secondary_markers):
             if g in index:
-                rate[index[g]] += rng.uniform(0.8, 2.0)
+                rate[index[g]] += rng.uniform(*SECONDARY_MARKER_RATE)
         if len(non_marker):
             extra = rng.choice(non_marker, size=min(8, len(non_marker)), replace=False)
             rate[extra] += rng.uniform(0.3, 1.5, len(extra))
@@ -103,8 +107,8 @@ def xenium_counts(
     programs: dict[str, np.ndarray],
     panel: GenePanel,
     rng: np.random.Generator,
-    depth: float = 140.0,
-    spillover: float = 0.1,
+    depth: float = 110.0,
+    spillover: float = 0.2,
     dispersion: float = 4.0,
 ) -> sparse.csr_matrix:
     """Cells × features integer counts (genes then controls) for one Xenium section.
@@ -131,20 +135,27 @@ def reference_counts(
     depth: float = 1500.0,
     dropped_fraction: float = 0.05,
     n_extra_genes: int = 60,
+    donor_effect: float = 0.4,
 ) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
     """scRNA-seq counts for reference cells and the reference's own gene list.
 
-    The reference misses ``dropped_fraction`` of the panel genes (never all markers of a type),
-    measures ``n_extra_genes`` the panel lacks, has a per-gene platform capture bias, higher depth
-    and dropout.
+    The reference misses ``dropped_fraction`` of the panel genes (chosen among non-marker genes:
+    a whole-transcriptome reference measures every marker; panel genes it lacks are typically
+    naming mismatches of uncharacterised genes), measures ``n_extra_genes`` the panel lacks, has a per-gene platform capture bias, a per-type
+    donor effect (lognormal, σ = ``donor_effect``: the reference comes from other patients),
+    higher depth and dropout.
     """
-    n_drop = int(round(dropped_fraction * len(panel_genes)))
-    keep = np.sort(rng.choice(len(panel_genes), len(panel_genes) - n_drop, replace=False))
+    markers = set(all_marker_genes())
+    droppable = np.array([i for i, g in enumerate(panel_genes) if g not in markers], dtype=int)
+    n_drop = min(int(round(dropped_fraction * len(panel_genes))), len(droppable))
+    dropped = rng.choice(droppable, n_drop, replace=False) if n_drop else np.array([], dtype=int)
+    keep = np.setdiff1d(np.arange(len(panel_genes)), dropped)
     extra = tuple(f"REFGENE{i:04d}" for i in range(1, n_extra_genes + 1))
     genes = tuple(panel_genes[i] for i in keep) + extra
     capture = rng.lognormal(0.0, 0.5, len(keep))
-    extra_programs = {t: rng.lognormal(np.log(0.05), 1.0, n_extra_genes) for t in programs}
-    rates = np.stack([np.concatenate([programs[t][keep] * capture, extra_programs[t]]) for t in cell_type])
+    donor = {t: rng.lognormal(0.0, donor_effect, len(keep)) for t in np.unique(cell_type)}
+    extra_programs = {t: rng.lognormal(np.log(0.05), 1.0, n_extra_genes) for t in np.unique(cell_type)}
+    rates = np.stack([np.concatenate([programs[t][keep] * donor[t] * capture, extra_programs[t]]) for t in cell_type])
     size = rng.lognormal(0.0, 0.45, len(cell_type))
     rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size)[:, None]
     counts = rng.poisson(rates * rng.gamma(3.0, 1.0 / 3.0, rates.shape))
