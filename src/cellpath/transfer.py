@@ -1,10 +1,12 @@
 """Reference-guided label transfer: scRNA-seq reference → Xenium cells, on the genes they share.
 
-Both sides are normalised the same way but separately — counts per cell scaled to a common total,
-log1p, then each gene z-scored within its own dataset (scanpy) — so a platform's per-gene capture
-bias, which is multiplicative and therefore a shift after the log, does not move cells between
-types. A multinomial logistic regression (scikit-learn, class-balanced, L2) fitted on the
-reference predicts every Xenium cell; its highest class probability is the cell's confidence.
+Both sides are normalised the same way — counts per cell scaled to a common total, then log1p
+(scanpy) — and then z-scored with the *reference's* per-gene mean and SD, i.e. the query is
+projected into the reference's space, as scanpy's ``ingest`` does. Centring each dataset on its
+own mean was tried and rejected: a section that is 80 % hepatocytes has a high mean ALB, so its
+hepatocytes lose their marker signal (see docs/decisions/0005). A multinomial logistic regression
+(scikit-learn, class-balanced, L2) fitted on the reference predicts every Xenium cell; its
+highest class probability is the cell's confidence.
 """
 
 from __future__ import annotations
@@ -74,15 +76,28 @@ def load_reference(path: Path, label_column: str, vocabulary: str | None) -> Ref
     return Reference(path.stem, path, counts, tuple(map(str, adata.var_names)), labels)
 
 
-def normalise(counts: sparse.spmatrix, target_sum: float = 1e3) -> np.ndarray:
-    """Counts → total-count-normalised log1p → per-gene z-score within this dataset (dense float32)."""
+def log_normalise(counts: sparse.spmatrix, target_sum: float = 1e3) -> np.ndarray:
+    """Counts per cell scaled to ``target_sum``, then log1p (dense float32, cells × genes)."""
     adata = ad.AnnData(X=sparse.csr_matrix(counts, dtype=np.float32))
     sc.pp.normalize_total(adata, target_sum=target_sum)
     sc.pp.log1p(adata)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # constant genes: scanpy warns and sets them to zero
-        sc.pp.scale(adata, max_value=10.0, zero_center=True)
-    return np.asarray(adata.X, dtype=np.float32)
+    return adata.X.toarray()
+
+
+@dataclass(frozen=True)
+class GeneScaler:
+    """Per-gene mean and SD of the reference's log-normalised expression."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+
+    @classmethod
+    def fit(cls, logged: np.ndarray) -> "GeneScaler":
+        sd = logged.std(axis=0)
+        return cls(logged.mean(axis=0), np.where(sd > 1e-6, sd, 1.0))
+
+    def transform(self, logged: np.ndarray) -> np.ndarray:
+        return np.clip((logged - self.mean) / self.sd, -10.0, 10.0).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,7 @@ class TransferModel:
 
     reference: str
     genes: tuple[str, ...]
+    scaler: GeneScaler
     classifier: LogisticRegression
 
     @property
@@ -108,12 +124,13 @@ def fit_transfer(reference: Reference, panel_genes: tuple[str, ...], *, regulari
             f"the reference shares {len(shared)} gene(s) with the Xenium panel (at least {min_shared_genes} needed); "
             "it is the wrong reference for this section or uses other gene identifiers", path=reference.path,
             section=section)
-    x = normalise(reference.counts[:, [ref_index[g] for g in shared]])
+    logged = log_normalise(reference.counts[:, [ref_index[g] for g in shared]])
+    scaler = GeneScaler.fit(logged)
     classifier = LogisticRegression(C=regularisation_c, class_weight="balanced", max_iter=2000, tol=1e-4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny references
-        classifier.fit(x, reference.labels.astype(str))
-    return TransferModel(reference.name, shared, classifier)
+        classifier.fit(scaler.transform(logged), reference.labels.astype(str))
+    return TransferModel(reference.name, shared, scaler, classifier)
 
 
 @dataclass(frozen=True)
@@ -129,8 +146,8 @@ def transfer_labels(model: TransferModel, counts: sparse.spmatrix, panel_genes: 
                     confidence_threshold: float) -> Transferred:
     """Predict every cell of a section (``counts``: cells × ``panel_genes``)."""
     index = {g: i for i, g in enumerate(panel_genes)}
-    x = normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]])
-    probabilities = model.classifier.predict_proba(x)
+    logged = log_normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]])
+    probabilities = model.classifier.predict_proba(model.scaler.transform(logged))
     best = probabilities.argmax(axis=1)
     predicted = model.classes[best].astype(object)
     confidence = probabilities[np.arange(len(best)), best]
