@@ -234,10 +234,11 @@ def test_annotate_stage_on_the_simulated_panel(tiny_panel):
     qc = pd.read_csv(data_dir / "labels" / "marker_qc.csv")
     assert set(qc["status"]) <= {"ok", "not_enriched", "no_markers_on_panel", "too_few_cells"}
     truth = pd.read_csv(reports / "annotation" / "against_truth.csv")
-    # The simulator's Xenium cells carry 10% spill-over from neighbours, gamma-Poisson noise at about
-    # 140 transcripts per cell and a per-gene platform bias against the reference; sibling types
-    # (CD4/CD8/Treg, fibroblast/CAF) are hard but share a Tfine class. On the default panel the
-    # transfer reaches Tfine macro-F1 0.83-0.89 per section; below 0.70 something is broken.
+    # The simulator's Xenium cells carry 20% spill-over from neighbours and gamma-Poisson noise at about
+    # 110 transcripts per cell; the reference has a per-gene platform bias and a per-type donor effect.
+    # Sibling types (CD4/CD8/Treg, fibroblast/CAF) are confused but share a Tfine class. On this tiny
+    # panel the transfer reaches Tfine macro-F1 0.85-0.88 per section (0.61-0.88 on the 12 default
+    # sections, where rare classes weigh more); below 0.70 here, something is broken.
     assert (truth["tfine_macro_f1"] >= TFINE_MACRO_F1_FLOOR).all(), truth.to_string()
     metrics = json.loads((reports / "annotation" / "metrics.json").read_text())
     assert metrics["sections_with_truth"] == 3
