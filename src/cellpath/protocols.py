@@ -1,0 +1,166 @@
+"""The four evaluation protocols as pure functions returning cell indices per (unit, seed).
+
+All functions take a cell table with one row per eligible cell — columns ``section_id``,
+``organ``, ``x_um``, ``y_um`` (nucleus centroid, µm) — and return :class:`Split` objects whose
+``train``/``val``/``test`` are integer row positions into that table. No cell of a test unit is
+ever in ``train`` or ``val``:
+
+- IS: per section and seed, train+val are the cells inside a spatial ROI (a band covering
+  ``roi_fraction`` of the section's cells along x or y; the seed moves it and picks the axis);
+  test is every cell outside the ROI farther than ``buffer_um`` from it (the buffer keeps image
+  patches that straddle the ROI border out of the test set).
+- IOCD: per organ with ≥ 2 sections, each section is held out in turn; the organ's other
+  sections give train+val.
+- MOCV: whole sections go to ``n_folds`` folds by an organ-aware manifest (sections of one organ
+  spread over folds); each fold is tested on its pooled sections, trained on the rest.
+- LOOO: each organ is held out whole; every other organ gives train+val.
+
+Validation cells are a seeded random ``val_fraction`` of the train+val pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+PROTOCOLS = ("is", "iocd", "mocv", "looo")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One evaluation run's partition of the cell table (row positions)."""
+
+    protocol: str
+    unit: str
+    organ: str  # the organ the unit belongs to ("" for MOCV folds, which mix organs)
+    seed: int
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+
+def _train_val(pool: np.ndarray, val_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    shuffled = rng.permutation(pool)
+    n_val = int(round(val_fraction * len(shuffled)))
+    return np.sort(shuffled[n_val:]), np.sort(shuffled[:n_val])
+
+
+def _seed_rng(protocol: str, unit: str, seed: int) -> np.random.Generator:
+    key = [ord(c) for c in f"{protocol}:{unit}"]
+    return np.random.default_rng([seed, *key])
+
+
+def intra_section_splits(cells: pd.DataFrame, seeds: int, *, roi_fraction: float = 0.5, buffer_um: float = 25.0,
+                         val_fraction: float = 0.2) -> list[Split]:
+    """IS: spatial ROI train/val inside a section, test outside it (beyond the buffer)."""
+    splits = []
+    for section_id, group in cells.groupby("section_id", sort=True):
+        rows = group.index.to_numpy()
+        organ = str(group["organ"].iloc[0])
+        for seed in range(seeds):
+            rng = _seed_rng("is", section_id, seed)
+            axis = ("x_um", "y_um")[seed % 2]
+            coord = group[axis].to_numpy()
+            start = rng.uniform(0.0, 1.0 - roi_fraction)
+            low, high = np.quantile(coord, [start, start + roi_fraction])
+            inside = (coord >= low) & (coord <= high)
+            outside = ((coord < low - buffer_um) | (coord > high + buffer_um))
+            train, val = _train_val(rows[inside], val_fraction, rng)
+            splits.append(Split("is", str(section_id), organ, seed, train, val, np.sort(rows[outside])))
+    return splits
+
+
+def intra_organ_splits(cells: pd.DataFrame, seeds: int, *, val_fraction: float = 0.2) -> list[Split]:
+    """IOCD: hold out one whole section of an organ with ≥ 2 sections; train on the organ's others."""
+    splits = []
+    for organ, group in cells.groupby("organ", sort=True):
+        sections = sorted(group["section_id"].unique())
+        if len(sections) < 2:
+            continue
+        for held_out in sections:
+            test = group.index[group["section_id"] == held_out].to_numpy()
+            pool = group.index[group["section_id"] != held_out].to_numpy()
+            for seed in range(seeds):
+                train, val = _train_val(pool, val_fraction, _seed_rng("iocd", held_out, seed))
+                splits.append(Split("iocd", str(held_out), str(organ), seed, train, val, np.sort(test)))
+    return splits
+
+
+def mocv_manifest(sections: pd.DataFrame, n_folds: int) -> dict[str, int]:
+    """Organ-aware fold manifest: sections sorted by (organ, id) are dealt round-robin to folds.
+
+    Sections of one organ therefore land in different folds (as long as the organ has no more
+    sections than folds), and the manifest depends only on the section list.
+    """
+    ordered = sections[["section_id", "organ"]].drop_duplicates().sort_values(["organ", "section_id"])
+    if len(ordered) < n_folds:
+        raise ValueError(f"MOCV needs at least {n_folds} sections for {n_folds} folds, found {len(ordered)}")
+    return {sid: i % n_folds for i, sid in enumerate(ordered["section_id"])}
+
+
+def multi_organ_splits(cells: pd.DataFrame, seeds: int, *, n_folds: int = 5, val_fraction: float = 0.2) -> list[Split]:
+    """MOCV: each fold's pooled sections are tested; the other folds give train+val."""
+    manifest = mocv_manifest(cells, n_folds)
+    fold = cells["section_id"].map(manifest).to_numpy()
+    splits = []
+    for k in range(n_folds):
+        test = cells.index[fold == k].to_numpy()
+        pool = cells.index[fold != k].to_numpy()
+        for seed in range(seeds):
+            train, val = _train_val(pool, val_fraction, _seed_rng("mocv", f"fold{k}", seed))
+            splits.append(Split("mocv", f"fold{k}", "", seed, train, val, np.sort(test)))
+    return splits
+
+
+def leave_one_organ_out_splits(cells: pd.DataFrame, seeds: int, *, val_fraction: float = 0.2) -> list[Split]:
+    """LOOO: every cell of one organ is tested (pooled); all other organs give train+val."""
+    splits = []
+    for organ in sorted(cells["organ"].unique()):
+        test = cells.index[cells["organ"] == organ].to_numpy()
+        pool = cells.index[cells["organ"] != organ].to_numpy()
+        for seed in range(seeds):
+            train, val = _train_val(pool, val_fraction, _seed_rng("looo", organ, seed))
+            splits.append(Split("looo", str(organ), str(organ), seed, train, val, np.sort(test)))
+    return splits
+
+
+def protocol_units(sections: pd.DataFrame, protocol: str, n_folds: int = 5) -> list[str]:
+    """Evaluation units of a protocol for a section list (columns section_id, organ)."""
+    sections = sections[["section_id", "organ"]].drop_duplicates()
+    if protocol == "is":
+        return sorted(sections["section_id"])
+    if protocol == "iocd":
+        counts = sections["organ"].value_counts()
+        return sorted(sections.loc[sections["organ"].map(counts) >= 2, "section_id"])
+    if protocol == "mocv":
+        return [f"fold{k}" for k in range(n_folds)]
+    if protocol == "looo":
+        return sorted(sections["organ"].unique())
+    raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+
+
+def make_splits(cells: pd.DataFrame, protocol: str, seeds: int, *, n_folds: int = 5, roi_fraction: float = 0.5,
+                buffer_um: float = 25.0, val_fraction: float = 0.2) -> list[Split]:
+    """Dispatch to one protocol's split function (the table's index must be 0..n-1)."""
+    if not cells.index.equals(pd.RangeIndex(len(cells))):
+        raise ValueError("the cell table must have a 0..n-1 RangeIndex (row positions are returned)")
+    if protocol == "is":
+        return intra_section_splits(cells, seeds, roi_fraction=roi_fraction, buffer_um=buffer_um,
+                                    val_fraction=val_fraction)
+    if protocol == "iocd":
+        return intra_organ_splits(cells, seeds, val_fraction=val_fraction)
+    if protocol == "mocv":
+        return multi_organ_splits(cells, seeds, n_folds=n_folds, val_fraction=val_fraction)
+    if protocol == "looo":
+        return leave_one_organ_out_splits(cells, seeds, val_fraction=val_fraction)
+    raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+
+
+def gate_classes(train_labels: np.ndarray, test_labels: np.ndarray, min_train: int, min_test: int) -> list[str]:
+    """Classes scored in a unit: at least ``min_train`` training and ``min_test`` test cells."""
+    train_counts = pd.Series(train_labels).value_counts()
+    test_counts = pd.Series(test_labels).value_counts()
+    return sorted(c for c in train_counts.index
+                  if train_counts[c] >= min_train and test_counts.get(c, 0) >= min_test)
