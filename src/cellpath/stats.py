@@ -1,0 +1,118 @@
+"""Aggregation and statistics of the run table, as the paper defines them.
+
+A run table has one row per probe run with columns ``model, magnification, readout, taxonomy,
+protocol, unit, organ, seed`` and metric columns (``macro_f1``, ``macro_auroc``, ...).
+
+Protocol-balanced summaries (``organ_level_scores`` → ``protocol_summary``): IS averages seeds
+within a section, then sections within an organ; IOCD averages seeds and held-out sections within
+an organ; MOCV averages seeds within a fold; LOOO averages seeds within the held-out organ. The
+reported mean ± SD is across those organ (or fold) scores, not across pooled cells or runs.
+
+CRA: per IS section and seed the paired difference Nuc − Mean, averaged over seeds, then within
+organ, then across organs. Significant wins: per evaluation condition, a two-sided paired
+Wilcoxon signed-rank test between two models over their common evaluation units (seed-averaged);
+a win when p < 0.05 and the median paired difference favours the model. CRT: the mean of a
+model's IOCD, MOCV and LOOO win counts (Tfine, Nuc, 20× by default).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+CONDITION = ["model", "magnification", "readout", "taxonomy", "protocol"]
+
+
+def unit_scores(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Seed-averaged score per evaluation unit (section, held-out section, fold or organ)."""
+    valid = runs.dropna(subset=[metric])
+    return (valid.groupby([*CONDITION, "unit", "organ"], dropna=False, sort=True)[metric]
+            .mean().rename("score").reset_index())
+
+
+def organ_level_scores(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The protocol's balanced unit scores A_u: per organ (IS, IOCD, LOOO) or per fold (MOCV)."""
+    per_unit = unit_scores(runs, metric)
+    mocv = per_unit["protocol"] == "mocv"
+    by_fold = per_unit[mocv].assign(balanced_unit=per_unit.loc[mocv, "unit"])
+    by_organ = (per_unit[~mocv].groupby([*CONDITION, "organ"], sort=True)["score"].mean().reset_index()
+                .assign(balanced_unit=lambda f: f["organ"]))
+    columns = [*CONDITION, "balanced_unit", "score"]
+    return pd.concat([by_organ[columns], by_fold[columns]], ignore_index=True)
+
+
+def protocol_summary(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Mean and SD across balanced units per evaluation condition (SD with ddof=1; NaN for one unit)."""
+    balanced = organ_level_scores(runs, metric)
+    return (balanced.groupby(CONDITION, sort=True)["score"]
+            .agg(mean="mean", sd=lambda s: s.std(ddof=1), n_units="size").reset_index())
+
+
+def cell_representation_advantage(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """CRA per (model, magnification, taxonomy): IS Nuc − Mean, seeds → sections → organs → mean."""
+    is_runs = runs[(runs["protocol"] == "is") & runs["readout"].isin(["Nuc", "Mean"])]
+    keys = ["model", "magnification", "taxonomy", "unit", "organ", "seed"]
+    wide = is_runs.pivot_table(index=keys, columns="readout", values=metric, aggfunc="first").dropna()
+    wide = wide.assign(diff=wide["Nuc"] - wide["Mean"]).reset_index()
+    per_section = wide.groupby(["model", "magnification", "taxonomy", "organ", "unit"])["diff"].mean()
+    per_organ = per_section.groupby(["model", "magnification", "taxonomy", "organ"]).mean()
+    return per_organ.groupby(["model", "magnification", "taxonomy"]).mean().rename("cra").reset_index()
+
+
+def pairwise_wins(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Significant wins among models for one condition: ``scores`` has columns model, unit, score.
+
+    Returns one row per ordered pair (model, opponent) with the p-value, the median paired
+    difference and ``win``; models with fewer than two common units, or all-zero differences,
+    record no win.
+    """
+    table = scores.pivot_table(index="unit", columns="model", values="score", aggfunc="first")
+    rows = []
+    for a, b in itertools.permutations(sorted(table.columns), 2):
+        common = table[[a, b]].dropna()
+        diff = (common[a] - common[b]).to_numpy()
+        p_value, median = np.nan, float(np.median(diff)) if len(diff) else np.nan
+        if len(diff) >= 2 and np.any(diff != 0):
+            p_value = float(scipy_stats.wilcoxon(common[a], common[b], alternative="two-sided").pvalue)
+        rows.append({"model": a, "opponent": b, "n_units": len(diff), "median_diff": median, "p_value": p_value,
+                     "win": bool(p_value < alpha and median > 0) if not np.isnan(p_value) else False})
+    return pd.DataFrame(rows, columns=["model", "opponent", "n_units", "median_diff", "p_value", "win"])
+
+
+def win_counts(runs: pd.DataFrame, metric: str, alpha: float = 0.05) -> pd.DataFrame:
+    """Significant-win count per model for every (magnification, readout, taxonomy, protocol)."""
+    per_unit = unit_scores(runs, metric)
+    frames = []
+    for condition, group in per_unit.groupby(["magnification", "readout", "taxonomy", "protocol"], sort=True):
+        wins = pairwise_wins(group[["model", "unit", "score"]], alpha)
+        counts = wins.groupby("model")["win"].sum().reindex(sorted(group["model"].unique()), fill_value=0)
+        frame = counts.rename("wins").reset_index()
+        for key, value in zip(["magnification", "readout", "taxonomy", "protocol"], condition):
+            frame[key] = value
+        frames.append(frame)
+    columns = ["model", "magnification", "readout", "taxonomy", "protocol", "wins"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def cell_representation_transferability(wins: pd.DataFrame, *, taxonomy: str = "fine", readout: str = "Nuc",
+                                        magnification: str = "20x") -> pd.DataFrame:
+    """CRT per model: mean of its IOCD, MOCV and LOOO win counts in one condition."""
+    chosen = wins[(wins["taxonomy"] == taxonomy) & (wins["readout"] == readout)
+                  & (wins["magnification"] == magnification) & wins["protocol"].isin(["iocd", "mocv", "looo"])]
+    table = chosen.pivot_table(index="model", columns="protocol", values="wins", aggfunc="first")
+    table = table.reindex(columns=["iocd", "mocv", "looo"])
+    return table.assign(crt=table.mean(axis=1, skipna=False)).reset_index()
+
+
+def taxonomy_rank_agreement(summary: pd.DataFrame, *, protocol: str, readout: str = "Nuc",
+                            magnification: str = "20x") -> float:
+    """Spearman correlation of model means between the fine and coarse taxonomies."""
+    chosen = summary[(summary["protocol"] == protocol) & (summary["readout"] == readout)
+                     & (summary["magnification"] == magnification)]
+    table = chosen.pivot_table(index="model", columns="taxonomy", values="mean", aggfunc="first").dropna()
+    if len(table) < 3:
+        return float("nan")
+    return float(scipy_stats.spearmanr(table["fine"], table["coarse"]).statistic)
