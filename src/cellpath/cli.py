@@ -47,6 +47,18 @@ def _annotate(args: argparse.Namespace) -> None:
     run_annotate(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _extract(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages import run_extract
+
+    params = load_params(args.params)
+    encoders = [args.encoder] if args.encoder else params.extract.encoders
+    magnifications = [args.magnification] if args.magnification else params.extract.magnifications
+    for encoder in encoders:
+        for magnification in magnifications:
+            run_extract(params, Path(args.data_dir), encoder, magnification)
+
+
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
 
@@ -58,6 +70,7 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
     "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
     "annotate": (_annotate, "transfer 68-type labels from the references; Tfine/Tcoarse, eligibility, marker QC"),
+    "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
 }
 
@@ -71,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         stage.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
         stage.add_argument("--data-dir", default="data", help="data folder (default: data)")
         stage.add_argument("--reports-dir", default="reports", help="reports folder (default: reports)")
+        if name == "extract":
+            stage.add_argument("--encoder", help="registry name or slug (default: every extract.encoders entry)")
+            stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
     return parser
 
 

@@ -115,6 +115,18 @@ class AnnotateConfig(_Strict):
     marker_min_log_fold_change: Annotated[float, Field(ge=0.0)] = 0.25
 
 
+class ExtractConfig(_Strict):
+    """Frozen-encoder feature extraction (the ``extract`` stage, a DVC matrix encoder × magnification)."""
+
+    encoders: Annotated[list[str], Field(min_length=1)] = ["random-vit-s16", "filterbank-dense"]
+    magnifications: Annotated[list[Literal["40x", "20x", "10x"]], Field(min_length=1)] = ["40x", "20x", "10x"]
+    registry: Path = Path("models/encoders.yaml")
+    weights_dir: Path = Path("models")
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    device: Literal["cpu", "cuda"] = "cpu"
+    torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+
+
 class Params(_Strict):
     """Top level of params.yaml."""
 
@@ -123,6 +135,7 @@ class Params(_Strict):
     synthetic: SyntheticConfig
     tenx: TenxConfig = TenxConfig()
     annotate: AnnotateConfig = AnnotateConfig()
+    extract: ExtractConfig = ExtractConfig()
 
 
 def _format_location(loc: tuple[str | int, ...]) -> str:

@@ -146,3 +146,75 @@ def _write_truth_report(rows: list[dict], folder: Path) -> None:
             metrics |= {f"mean_{k}": round(float(frame[k].mean()), 4)
                         for k in ("accuracy_68", "tfine_accuracy", "tfine_macro_f1", "uncertain_fraction")}
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+
+def features_dir(data_dir: Path) -> Path:
+    return data_dir / "features"
+
+
+def sections_to_extract(data_dir: Path) -> pd.DataFrame:
+    """Ingested sections that annotation did not exclude (with their H&E geometry)."""
+    index = read_section_index(data_dir)
+    summary_path = labels_dir(data_dir) / "summary.csv"
+    if not summary_path.is_file():
+        raise InputError("no label summary; run `cellpath annotate` first", path=summary_path)
+    summary = pd.read_csv(summary_path)
+    excluded = set(summary.loc[summary["excluded"], "section_id"])
+    if excluded:
+        log.info("extract: skipping %d section(s) excluded by annotation: %s", len(excluded), ", ".join(sorted(excluded)))
+    return index[~index["section_id"].isin(excluded)].reset_index(drop=True)
+
+
+def run_extract(params: Params, data_dir: Path, encoder_name: str, magnification: str) -> dict:
+    """extract: features of one encoder at one magnification for every section; resumes finished ones."""
+    import torch
+
+    from cellpath import __version__
+    from cellpath.encoders.loading import load_encoder
+    from cellpath.encoders.registry import load_registry
+    from cellpath.feature_store import artifact_dir, expected_sidecar, is_complete, write_artifact
+    from cellpath.features import FEATURE_CODE_VERSION, MAGNIFICATIONS, extract_cells, place_cells
+    from cellpath.wsi import open_slide
+
+    cfg = params.extract
+    registry = load_registry(cfg.registry)
+    by_slug = {spec.slug: spec for spec in registry.values()}
+    spec = by_slug.get(encoder_name)
+    if spec is None:
+        hint = f"; use its slug {registry[encoder_name].slug!r} (it names the DVC output folder)" \
+            if encoder_name in registry else f"; known: {', '.join(sorted(by_slug))}"
+        raise InputError(f"extract.encoders: unknown encoder slug {encoder_name!r}{hint}", path=cfg.registry)
+    if magnification not in MAGNIFICATIONS:
+        raise InputError(f"unknown magnification {magnification!r}; valid: {', '.join(MAGNIFICATIONS)}")
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    target_mpp = MAGNIFICATIONS[magnification]
+    encoder = None
+    done, computed = [], []
+    root = features_dir(data_dir)
+    for row in sections_to_extract(data_dir).itertuples():
+        table = read_section_table(data_dir, row.section_id)
+        placement = place_cells(
+            table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(dtype=float),
+            slide_size=(int(row.he_width_px), int(row.he_height_px)), slide_mpp=float(row.he_mpp),
+            target_mpp=target_mpp, input_size=spec.input_size)
+        folder = artifact_dir(root, spec.slug, magnification, row.section_id)
+        if encoder is None:
+            encoder = load_encoder(spec, weights_dir=cfg.weights_dir, device=cfg.device)
+        expected = expected_sidecar(encoder=spec.name, revision=encoder.revision, magnification=magnification,
+                                    target_mpp=target_mpp, tiling=placement.tiling_record(),
+                                    code_version=f"{__version__}+features{FEATURE_CODE_VERSION}",
+                                    cell_ids=table.obs_names.to_numpy())
+        if is_complete(folder, expected):
+            done.append(row.section_id)
+            continue
+        slide = open_slide(raw_dir(data_dir) / row.raw_folder / row.he_image, mpp=float(row.he_mpp))
+        readouts = extract_cells(encoder, slide, placement, batch_size=cfg.batch_size,
+                                 progress=f"{spec.slug} {magnification} {row.section_id}")
+        write_artifact(folder, readouts, expected | {"weights": encoder.weights,
+                                                     "n_patches": int(len(set(placement.patch_index)))})
+        computed.append(row.section_id)
+        log.info("extract %s %s %s: %d cells, %d patches", spec.slug, magnification, row.section_id,
+                 table.n_obs, len(set(placement.patch_index)))
+    log.info("extract %s %s: %d section(s) computed, %d reused", spec.slug, magnification, len(computed), len(done))
+    return {"computed": computed, "reused": done}

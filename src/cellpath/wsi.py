@@ -11,8 +11,11 @@ import warnings
 from pathlib import Path
 
 
-def open_slide(path: Path):
-    """A tiatoolbox ``WSIReader`` for ``path`` (OME-TIFF, SVS, …); raises what tiatoolbox raises."""
+def open_slide(path: Path, mpp: float | None = None):
+    """A tiatoolbox ``WSIReader`` for ``path`` (OME-TIFF, SVS, …); raises what tiatoolbox raises.
+
+    ``mpp`` (µm/px) overrides the slide's metadata, for slides whose pixel size came from elsewhere.
+    """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
@@ -20,7 +23,7 @@ def open_slide(path: Path):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return WSIReader.open(Path(path))
+            return WSIReader.open(Path(path), mpp=(mpp, mpp) if mpp else None, post_proc=None)
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)

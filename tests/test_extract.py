@@ -1,0 +1,115 @@
+"""Extraction end to end: tiling + tiatoolbox reads + encoder + readouts, resume, CLS-less encoders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from cellpath.encoders.loading import Encoder
+from cellpath.encoders.registry import load_registry
+from cellpath.feature_store import artifact_dir, read_artifact
+from cellpath.features import MAGNIFICATIONS, place_cells, read_patches
+from cellpath.readouts import available_readouts
+from cellpath.stages import run_extract
+from cellpath.wsi import open_slide
+from conftest import PROJECT_ROOT
+
+SLIDE_MPP = 0.2738
+
+
+class DarknessTokens(torch.nn.Module):
+    """A stand-in ViT: one CLS token, then one token per 16×16 block = that block's mean darkness."""
+
+    def forward_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        darkness = -pixels.mean(dim=1, keepdim=True)  # (B, 1, S, S)
+        grid = torch.nn.functional.avg_pool2d(darkness, 16).flatten(2).transpose(1, 2)  # (B, 196, 1)
+        return torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1)
+
+
+def _spec():
+    base = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["random-vit-s16"]
+    return base.model_copy(update={"name": "darkness", "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0),
+                                   "embed_dim": 1})
+
+
+def _slide_with_dot(path, dot_um: tuple[float, float], size_px: int = 1500) -> None:
+    image = np.full((size_px, size_px, 3), 240, dtype=np.uint8)
+    yy, xx = np.mgrid[0:size_px, 0:size_px]
+    cx, cy = dot_um[0] / SLIDE_MPP, dot_um[1] / SLIDE_MPP
+    image[(xx + 0.5 - cx) ** 2 + (yy + 0.5 - cy) ** 2 <= (2.0 / SLIDE_MPP) ** 2] = 10
+    tifffile.imwrite(path, image, photometric="rgb", tile=(256, 256),
+                     metadata={"axes": "YXS", "PhysicalSizeX": SLIDE_MPP, "PhysicalSizeY": SLIDE_MPP})
+
+
+@pytest.mark.parametrize("magnification", list(MAGNIFICATIONS))
+@pytest.mark.parametrize("dot_um", [(101.3, 57.9), (250.0, 301.7), (37.0, 212.4)])
+def test_a_dot_at_a_known_position_lands_in_the_cells_token(tmp_path, magnification, dot_um):
+    path = tmp_path / "dot.ome.tif"
+    _slide_with_dot(path, dot_um)
+    spec = _spec()
+    encoder = Encoder(spec=spec, module=DarknessTokens(), device=torch.device("cpu"), weights="test", revision="t")
+    xy_px = np.array([[dot_um[0] / SLIDE_MPP, dot_um[1] / SLIDE_MPP]])
+    placement = place_cells(xy_px, np.array([12.0]), slide_size=(1500, 1500), slide_mpp=SLIDE_MPP,
+                            target_mpp=MAGNIFICATIONS[magnification], input_size=224)
+    patch = read_patches(open_slide(path), placement.grid, placement.patch_index)
+    _, grid = encoder.forward_tokens(patch)
+    darkest = np.unravel_index(int(grid[0, ..., 0].argmax()), grid.shape[1:3])  # (row, col)
+    expected = tuple(int(v) for v in np.floor(placement.position_px[0][::-1] / 16))
+    assert darkest == expected
+
+
+def test_extract_stage_writes_and_resumes(tiny_panel, tmp_path, monkeypatch):
+    import shutil
+
+    data_dir = tmp_path / "data"
+    for sub in ("raw", "sections", "labels"):
+        shutil.copytree(tiny_panel["data_dir"] / sub, data_dir / sub)
+    params = tiny_panel["params"]
+    first = run_extract(params, data_dir, "filterbank-dense", "10x")
+    assert first == {"computed": ["breast_a", "breast_b", "tonsil_a"], "reused": []}
+    artifact = read_artifact(artifact_dir(data_dir / "features", "filterbank-dense", "10x", "breast_a"))
+    assert set(artifact) == {"Nuc", "Mean"}  # no CLS token: Cls and its fusions are unavailable
+    n_cells = len(np.load(data_dir / "features" / "filterbank-dense" / "10x" / "breast_a" / "Nuc.npy"))
+    assert artifact["Nuc"].shape[0] == n_cells and np.isfinite(artifact["Nuc"]).all()
+    assert not np.allclose(artifact["Nuc"], artifact["Mean"])
+
+    # A crash while writing the second section: the first stays, the second is absent. The stage
+    # imports write_artifact when it runs, so patching the module attribute reaches it.
+    shutil.rmtree(data_dir / "features")
+    import cellpath.feature_store as store
+
+    calls = {"n": 0}
+    original = store.write_artifact
+
+    def crash_on_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_artifact", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_extract(params, data_dir, "filterbank-dense", "10x")
+    monkeypatch.setattr(store, "write_artifact", original)
+    folder = data_dir / "features" / "filterbank-dense" / "10x"
+    assert sorted(p.name for p in folder.iterdir()) == ["breast_a"]
+    again = run_extract(params, data_dir, "filterbank-dense", "10x")
+    assert again == {"computed": ["breast_b", "tonsil_a"], "reused": ["breast_a"]}
+
+
+def test_cls_readouts_are_unavailable_without_a_cls_token():
+    registry = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")
+    assert "Cls" not in available_readouts(registry["filterbank-dense"])
+    assert "N||C" not in available_readouts(registry["CTransPath (CHIEF)"])
+    assert set(available_readouts(registry["random-vit-s16"])) == {"Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"}
+
+
+def test_unknown_or_unslugged_encoder_is_named(tiny_panel):
+    from cellpath.errors import InputError
+
+    with pytest.raises(InputError, match="unknown encoder slug 'nope'"):
+        run_extract(tiny_panel["params"], tiny_panel["data_dir"], "nope", "10x")
+    with pytest.raises(InputError, match="use its slug 'kaiko-vit-l-14'"):
+        run_extract(tiny_panel["params"], tiny_panel["data_dir"], "Kaiko ViT-L/14", "10x")
