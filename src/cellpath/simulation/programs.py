@@ -113,7 +113,7 @@ def _register(program: TissueProgram) -> None:
 
 _register(_program(
     "Breast", "Breast cancer", "stroma",
-    (Structure("blob", "tumour_nest", 9.0, (35.0, 90.0)),
+    (Structure("blob", "tumour_nest", 14.0, (35.0, 90.0)),
      Structure("gland", "gland_epithelium", 3.0, (25.0, 40.0), ring_um=11.0),
      Structure("blob", "lymphoid", 2.5, (35.0, 70.0)),
      Structure("patch", "adipose", 0.8, (60.0, 110.0))),
@@ -195,7 +195,7 @@ _HEPATIC: Mix = {"Hepatocyte": 0.80, "Kupffer cell": 0.08, "Stellate cell": 0.04
                  "Neutrophil": 0.01}
 _register(_program(
     "Liver", "Normal", "hepatic_plate",
-    (Structure("patch", "portal", 5.0, (60.0, 110.0)),
+    (Structure("patch", "portal", 9.0, (60.0, 110.0)),
      Structure("gland", "gland_epithelium", 12.0, (8.0, 14.0), ring_um=6.0)),
     _PORTAL,
     hepatic_plate=_HEPATIC,
