@@ -33,6 +33,8 @@ def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = N
             "reference_cells_per_type": 120,
             "sections": sections or TINY_SECTIONS,
         },
+        "concordance": {"panel_sizes": [1, 2, 3]},
+        "panel": "S3",
     })
 
 

@@ -99,3 +99,15 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text(yaml.safe_dump(["a", "list"]))
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_params(bad)
+
+
+def test_panel_must_be_one_that_concordance_builds():
+    data = _base()
+    data["concordance"] = {"panel_sizes": [4, 8]}
+    data["panel"] = "S12"
+    with pytest.raises(ConfigError, match=r"panel 'S12' is not one of the panels concordance builds: S4, S8"):
+        parse_params(data)
+    data["concordance"] = {"panel_sizes": [8, 4]}
+    data["panel"] = "S8"
+    with pytest.raises(ConfigError, match="distinct and increasing"):
+        parse_params(data)

@@ -20,7 +20,7 @@ from conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
-TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath"]
+TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml"]
 
 
 def _env() -> dict[str, str]:
@@ -60,6 +60,9 @@ def repo(tmp_path_factory) -> dict[str, Path]:
         {"section_id": "colon_t", "organ": "Colon", "status": "Colorectal cancer"},
         {"section_id": "skin_t", "organ": "Skin", "status": "Normal"},
     ]
+    params["concordance"]["panel_sizes"] = [1, 2]
+    params["panel"] = "S2"
+    params["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q", "-b", "main"], work)
     _run(["git", "config", "user.email", "test@example.com"], work)
@@ -74,14 +77,18 @@ def repo(tmp_path_factory) -> dict[str, Path]:
 
 def test_repro_runs_both_stages_and_writes_outputs(repo):
     work = repo["work"]
-    for stage in ("fetch", "ingest", "annotate"):
+    for stage in ("fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x"):
         assert f"Running stage '{stage}'" in repo["first"]
     assert sorted(p.name for p in (work / "data" / "raw").iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "references").iterdir()) == ["colon.h5ad", "skin.h5ad"]
     sections = sorted(p.name for p in (work / "data" / "sections").iterdir())
     assert sections == ["colon_t.zarr", "sections.csv", "skin_t.zarr"]
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"fetch", "ingest", "annotate"}
+    assert set(lock["stages"]) == {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x"}
+    panels = (work / "data" / "panels.csv").read_text().splitlines()
+    assert panels[0].startswith("section_id,organ,score") and len(panels) == 3
+    features = work / "data" / "features" / "filterbank-dense" / "10x"
+    assert sorted(p.name for p in features.iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "labels").iterdir()) == [
         "colon_t.parquet", "marker_qc.csv", "skin_t.parquet", "summary.csv"]
     assert (work / "reports" / "annotation" / "metrics.json").is_file()

@@ -56,6 +56,13 @@ def _annotate(args: argparse.Namespace) -> None:
     run_annotate(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _concordance(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages import run_concordance
+
+    run_concordance(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _extract(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
     from cellpath.stages import run_extract
@@ -79,6 +86,7 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
     "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
     "annotate": (_annotate, "transfer 68-type labels from the references; Tfine/Tcoarse, eligibility, marker QC"),
+    "concordance": (_concordance, "H&E nuclei (CellViT++ or the built-in detector) vs Xenium labels: AGR-BAcc, ranking, panels"),
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
 }

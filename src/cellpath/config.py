@@ -115,6 +115,20 @@ class AnnotateConfig(_Strict):
     marker_min_log_fold_change: Annotated[float, Field(ge=0.0)] = 0.25
 
 
+class ConcordanceConfig(_Strict):
+    """Morphology-annotation concordance and the nested panels (the ``concordance`` stage)."""
+
+    cellvit_dir: Path | None = None  # CellViT++ output folder; None = the built-in detector
+    max_match_distance_um: Annotated[float, Field(gt=0.0, le=50.0)] = 4.0
+    panel_sizes: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [6, 8, 10, 12]
+
+    @model_validator(mode="after")
+    def _increasing(self) -> "ConcordanceConfig":
+        if sorted(set(self.panel_sizes)) != list(self.panel_sizes):
+            raise ValueError("panel_sizes must be distinct and increasing, e.g. [10, 15, 20, 25]")
+        return self
+
+
 class ExtractConfig(_Strict):
     """Frozen-encoder feature extraction (the ``extract`` stage, a DVC matrix encoder × magnification)."""
 
@@ -135,7 +149,17 @@ class Params(_Strict):
     synthetic: SyntheticConfig
     tenx: TenxConfig = TenxConfig()
     annotate: AnnotateConfig = AnnotateConfig()
+    concordance: ConcordanceConfig = ConcordanceConfig()
+    panel: Annotated[str, Field(pattern=r"^S[0-9]+$")] = "S12"
     extract: ExtractConfig = ExtractConfig()
+
+    @model_validator(mode="after")
+    def _panel_is_built(self) -> "Params":
+        built = [f"S{size}" for size in self.concordance.panel_sizes]
+        if self.panel not in built:
+            raise ValueError(f"panel {self.panel!r} is not one of the panels concordance builds: "
+                             f"{', '.join(built)} (set concordance.panel_sizes)")
+        return self
 
 
 def _format_location(loc: tuple[str | int, ...]) -> str:

@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from cellpath.atomic import atomic_output, remove_stale_temporaries
@@ -218,3 +219,61 @@ def run_extract(params: Params, data_dir: Path, encoder_name: str, magnification
                  table.n_obs, len(set(placement.patch_index)))
     log.info("extract %s %s: %d section(s) computed, %d reused", spec.slug, magnification, len(computed), len(done))
     return {"computed": computed, "reused": done}
+
+
+def _detections_for(params: Params, data_dir: Path, row) -> object:
+    """CellViT++ detections when concordance.cellvit_dir is set, else the built-in detector's."""
+    slide = raw_dir(data_dir) / row.raw_folder / row.he_image
+    cellvit_dir = params.concordance.cellvit_dir
+    if cellvit_dir is not None:
+        from cellpath.cellvit import find_cellvit_output, read_cellvit
+
+        path = find_cellvit_output(cellvit_dir, row.section_id, wsi_name=row.he_image)
+        return read_cellvit(path, slide_mpp=float(row.he_mpp),
+                            slide_dimensions=(int(row.he_width_px), int(row.he_height_px)))
+    from cellpath.detector import detect_nuclei
+
+    return detect_nuclei(slide, mpp=float(row.he_mpp))
+
+
+def run_concordance(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
+    """concordance: AGR-BAcc per section, the ranking, and the nested panels (data/panels.csv)."""
+    from cellpath.concordance import agr_bacc, mutual_nearest_neighbours, nested_panels, rank_sections
+
+    cfg = params.concordance
+    index = read_section_index(data_dir)
+    summary = pd.read_csv(labels_dir(data_dir) / "summary.csv").set_index("section_id")
+    rows = []
+    for row in index.itertuples():
+        table = read_section_table(data_dir, row.section_id)
+        labels = pd.read_parquet(labels_dir(data_dir) / f"{row.section_id}.parquet").set_index("cell_id")
+        coarse = labels.loc[table.obs_names, "coarse"].to_numpy()
+        detections = _detections_for(params, data_dir, row)
+        cap_px = cfg.max_match_distance_um / float(row.he_mpp)
+        pairs, pred_unmatched, ref_unmatched = mutual_nearest_neighbours(
+            detections.xy, table.obs[["he_x_px", "he_y_px"]].to_numpy(), cap_px)
+        truth = coarse[pairs[:, 1]]
+        scored = np.array([c is not None and c == c for c in truth], dtype=bool)
+        excluded = bool(summary.loc[row.section_id, "excluded"])
+        score = None if excluded else agr_bacc(truth[scored], detections.coarse[pairs[scored, 0]])
+        rows.append({"section_id": row.section_id, "organ": row.organ, "score": score,
+                     "n_detected": len(detections), "n_dropped_detections": detections.n_dropped,
+                     "n_xenium": table.n_obs, "n_matched": len(pairs), "n_matched_scored": int(scored.sum()),
+                     "n_detected_unmatched": pred_unmatched, "n_xenium_unmatched": ref_unmatched,
+                     "excluded_by_annotation": excluded, "cells": table.n_obs})
+        log.info("concordance %s: %d detected, %d matched (%d with a Tcoarse label), AGR-BAcc %s", row.section_id,
+                 len(detections), len(pairs), int(scored.sum()), "undefined" if score is None else f"{score:.3f}")
+    ranked = rank_sections(pd.DataFrame(rows))
+    panels = nested_panels(ranked, list(cfg.panel_sizes))
+    with atomic_output(data_dir / "panels.csv") as tmp:
+        panels.to_csv(tmp, index=False)
+    with atomic_output(reports / "concordance") as out:
+        out.mkdir()
+        panels.to_csv(out / "concordance.csv", index=False)
+        metrics = {"sections_ranked": int(panels["rank"].notna().sum()),
+                   "mean_agr_bacc": round(float(panels["score"].mean()), 4),
+                   "panel": params.panel, "panel_sections": int(panels[params.panel].sum())}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log.info("concordance: %d sections ranked; %s", metrics["sections_ranked"],
+             ", ".join(f"{c}={int(panels[c].sum())}" for c in panels.columns if c.startswith("S")))
+    return panels

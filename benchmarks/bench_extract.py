@@ -1,0 +1,86 @@
+"""Benchmark: extraction throughput against the encoder's raw forward pass on the same batches.
+
+For one section of the default panel (run `dvc repro` first), times the full pipeline path —
+tiling, tiatoolbox patch reads, encoder forward, Nuc/Mean/Cls readouts — and, in the same run,
+the encoder's bare ``forward_tokens`` on the very same patches already in memory. The ratio
+raw_time / pipeline_time is the share of time spent in the model (target: ≥ 0.9, i.e. tiling,
+reading and sampling cost ≤ 10 %). Writes benchmarks/results/extract.json.
+
+Usage: python benchmarks/bench_extract.py [--encoder random-vit-s16] [--magnification 40x] [--section ID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cellpath.config import load_params
+from cellpath.encoders.loading import load_encoder
+from cellpath.encoders.registry import load_registry
+from cellpath.features import MAGNIFICATIONS, extract_cells, place_cells, read_patches
+from cellpath.sections import read_section_index, read_section_table
+from cellpath.wsi import open_slide
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--encoder", default="random-vit-s16")
+    parser.add_argument("--magnification", default="40x")
+    parser.add_argument("--section", default=None)
+    args = parser.parse_args()
+    params = load_params(ROOT / "params.yaml")
+    spec = {s.slug: s for s in load_registry(ROOT / params.extract.registry).values()}[args.encoder]
+    data = ROOT / "data"
+    index = read_section_index(data)
+    row = index.iloc[0] if args.section is None else index.set_index("section_id").loc[args.section].to_dict() | {
+        "section_id": args.section}
+    table = read_section_table(data, row["section_id"])
+    placement = place_cells(table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(float),
+                            slide_size=(int(row["he_width_px"]), int(row["he_height_px"])),
+                            slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATIONS[args.magnification],
+                            input_size=spec.input_size)
+    encoder = load_encoder(spec, weights_dir=ROOT / params.extract.weights_dir)
+    slide = open_slide(data / "raw" / row["raw_folder"] / row["he_image"], mpp=float(row["he_mpp"]))
+    batch = params.extract.batch_size
+    patches = np.unique(placement.patch_index)
+    encoder.forward_tokens(read_patches(slide, placement.grid, patches[:2]))  # warm-up
+
+    started = time.perf_counter()
+    extract_cells(encoder, slide, placement, batch_size=batch)
+    pipeline_s = time.perf_counter() - started
+
+    images = [read_patches(slide, placement.grid, patches[i:i + batch]) for i in range(0, len(patches), batch)]
+    started = time.perf_counter()
+    for block in images:
+        encoder.forward_tokens(block)
+    raw_s = time.perf_counter() - started
+
+    result = {
+        "benchmark": "extract",
+        "encoder": spec.name, "magnification": args.magnification, "section": row["section_id"],
+        "cells": int(table.n_obs), "patches": int(len(patches)), "batch_size": batch,
+        "pipeline_s": round(pipeline_s, 2), "raw_forward_s": round(raw_s, 2),
+        "pipeline_patches_per_s": round(len(patches) / pipeline_s, 2),
+        "pipeline_cells_per_s": round(table.n_obs / pipeline_s, 1),
+        "raw_patches_per_s": round(len(patches) / raw_s, 2),
+        "ratio_raw_over_pipeline": round(raw_s / pipeline_s, 3),
+        "target_ratio": 0.9,
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+    }
+    out = ROOT / "benchmarks" / "results" / "extract.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""The concordance stage on the tiny simulated panel: scores, counts, ranking and panels."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from cellpath.stages import run_concordance
+
+
+def test_concordance_stage_ranks_sections_and_builds_nested_panels(tiny_panel, tmp_path):
+    panels = run_concordance(tiny_panel["params"], tiny_panel["data_dir"], tmp_path / "reports")
+    on_disk = pd.read_csv(tiny_panel["data_dir"] / "panels.csv")
+    assert list(on_disk["section_id"]) == list(panels["section_id"])
+    assert sorted(panels["section_id"]) == ["breast_a", "breast_b", "tonsil_a"]
+    assert panels["rank"].tolist() == [1, 2, 3]
+    assert (panels["score"].diff().dropna() <= 0).all()
+    assert (panels["score"] > 0.4).all()  # informative morphology: above the three-class chance of 1/3
+    for smaller, larger in (("S1", "S2"), ("S2", "S3")):
+        assert (~panels[smaller] | panels[larger]).all()  # nested by construction
+    assert panels[["S1", "S2", "S3"]].sum().tolist() == [1, 2, 3]
+    counts = panels.set_index("section_id")
+    assert (counts["n_matched"] + counts["n_xenium_unmatched"] == counts["n_xenium"]).all()
+    assert (counts["n_matched"] + counts["n_detected_unmatched"] == counts["n_detected"]).all()
+    metrics = json.loads((tmp_path / "reports" / "concordance" / "metrics.json").read_text())
+    assert metrics["sections_ranked"] == 3 and metrics["panel"] == "S3" and metrics["panel_sections"] == 3
