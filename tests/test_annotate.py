@@ -98,14 +98,21 @@ def _draw(names: list[str], per_type: int, rng, depth: float, bias: np.ndarray |
     return sparse.csr_matrix(rng.poisson(rates)), labels
 
 
+TOY_TYPES = ["CD8 T cell", "Fibroblast", "Adenocarcinoma cell"]
+
+
+def _toy_model(rng):
+    """A transfer model fitted on a 60-cells-per-type toy reference at scRNA-seq depth."""
+    ref_counts, ref_labels = _draw(TOY_TYPES, 60, rng, depth=2000)
+    reference = Reference("toy", PROJECT_ROOT / "toy.h5ad", ref_counts, GENES, ref_labels)
+    return fit_transfer(reference, GENES, regularisation_c=5.0, min_shared_genes=5)
+
+
 def test_transfer_recovers_known_types_across_a_platform_bias():
     rng = np.random.default_rng(0)
-    names = ["CD8 T cell", "Fibroblast", "Adenocarcinoma cell"]
-    ref_counts, ref_labels = _draw(names, 60, rng, depth=2000)
-    reference = Reference("toy", PROJECT_ROOT / "toy.h5ad", ref_counts, GENES, ref_labels)
-    model = fit_transfer(reference, GENES, regularisation_c=5.0, min_shared_genes=5)
+    model = _toy_model(rng)
     bias = rng.lognormal(0, 0.5, len(GENES))  # per-gene capture difference of the query platform
-    query, truth = _draw(names, 50, rng, depth=120, bias=bias)
+    query, truth = _draw(TOY_TYPES, 50, rng, depth=120, bias=bias)
     result = transfer_labels(model, query, GENES, confidence_threshold=0.4)
     assert (result.label == truth).mean() > 0.97
     assert result.confidence.min() >= 0 and result.confidence.max() <= 1
@@ -113,14 +120,11 @@ def test_transfer_recovers_known_types_across_a_platform_bias():
 
 def test_ambiguous_cells_become_uncertain():
     rng = np.random.default_rng(1)
-    names = ["CD8 T cell", "Fibroblast", "Adenocarcinoma cell"]
-    ref_counts, ref_labels = _draw(names, 60, rng, depth=2000)
-    reference = Reference("toy", PROJECT_ROOT / "toy.h5ad", ref_counts, GENES, ref_labels)
-    model = fit_transfer(reference, GENES, regularisation_c=5.0, min_shared_genes=5)
+    model = _toy_model(rng)
     programs = _programs()
     mixed_rate = (programs["CD8 T cell"] + programs["Fibroblast"] + programs["Adenocarcinoma cell"]) / 3
     mixed = sparse.csr_matrix(rng.poisson(np.tile(mixed_rate / mixed_rate.sum() * 30, (40, 1))))
-    clean, _ = _draw(names, 40, rng, depth=120)
+    clean, _ = _draw(TOY_TYPES, 40, rng, depth=120)
     query = sparse.vstack([clean, mixed])
     result = transfer_labels(model, query, GENES, confidence_threshold=0.9)
     uncertain = result.label == UNCERTAIN
@@ -130,8 +134,7 @@ def test_ambiguous_cells_become_uncertain():
 
 def test_only_shared_genes_are_used_in_panel_order():
     rng = np.random.default_rng(2)
-    names = ["CD8 T cell", "Fibroblast", "Adenocarcinoma cell"]
-    ref_counts, ref_labels = _draw(names, 30, rng, depth=2000)
+    ref_counts, ref_labels = _draw(TOY_TYPES, 30, rng, depth=2000)
     reference = Reference("toy", PROJECT_ROOT / "toy.h5ad", ref_counts[:, ::-1], GENES[::-1], ref_labels)
     panel = GENES[:20] + ("EXTRA1", "EXTRA2")
     model = fit_transfer(reference, panel, regularisation_c=5.0, min_shared_genes=5)

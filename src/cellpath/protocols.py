@@ -52,6 +52,13 @@ def _seed_rng(protocol: str, unit: str, seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, *key])
 
 
+def _held_out_unit(protocol: str, unit: str, organ: str, test: np.ndarray, pool: np.ndarray, seeds: int,
+                   val_fraction: float) -> list[Split]:
+    """One held-out unit's splits, one per seed: the whole ``test`` set, ``pool`` split into train/val."""
+    return [Split(protocol, unit, organ, seed, *_train_val(pool, val_fraction, _seed_rng(protocol, unit, seed)),
+                  np.sort(test)) for seed in range(seeds)]
+
+
 def intra_section_splits(cells: pd.DataFrame, seeds: int, *, roi_fraction: float = 0.5, buffer_um: float = 25.0,
                          val_fraction: float = 0.2) -> list[Split]:
     """IS: spatial ROI train/val inside a section, test outside it (beyond the buffer)."""
@@ -80,11 +87,9 @@ def intra_organ_splits(cells: pd.DataFrame, seeds: int, *, val_fraction: float =
         if len(sections) < 2:
             continue
         for held_out in sections:
-            test = group.index[group["section_id"] == held_out].to_numpy()
-            pool = group.index[group["section_id"] != held_out].to_numpy()
-            for seed in range(seeds):
-                train, val = _train_val(pool, val_fraction, _seed_rng("iocd", held_out, seed))
-                splits.append(Split("iocd", str(held_out), str(organ), seed, train, val, np.sort(test)))
+            held = (group["section_id"] == held_out).to_numpy()
+            splits += _held_out_unit("iocd", str(held_out), str(organ), group.index[held].to_numpy(),
+                                     group.index[~held].to_numpy(), seeds, val_fraction)
     return splits
 
 
@@ -106,11 +111,8 @@ def multi_organ_splits(cells: pd.DataFrame, seeds: int, *, n_folds: int = 5, val
     fold = cells["section_id"].map(manifest).to_numpy()
     splits = []
     for k in range(n_folds):
-        test = cells.index[fold == k].to_numpy()
-        pool = cells.index[fold != k].to_numpy()
-        for seed in range(seeds):
-            train, val = _train_val(pool, val_fraction, _seed_rng("mocv", f"fold{k}", seed))
-            splits.append(Split("mocv", f"fold{k}", "", seed, train, val, np.sort(test)))
+        splits += _held_out_unit("mocv", f"fold{k}", "", cells.index[fold == k].to_numpy(),
+                                 cells.index[fold != k].to_numpy(), seeds, val_fraction)
     return splits
 
 
@@ -118,11 +120,9 @@ def leave_one_organ_out_splits(cells: pd.DataFrame, seeds: int, *, val_fraction:
     """LOOO: every cell of one organ is tested (pooled); all other organs give train+val."""
     splits = []
     for organ in sorted(cells["organ"].unique()):
-        test = cells.index[cells["organ"] == organ].to_numpy()
-        pool = cells.index[cells["organ"] != organ].to_numpy()
-        for seed in range(seeds):
-            train, val = _train_val(pool, val_fraction, _seed_rng("looo", organ, seed))
-            splits.append(Split("looo", str(organ), str(organ), seed, train, val, np.sort(test)))
+        held = (cells["organ"] == organ).to_numpy()
+        splits += _held_out_unit("looo", str(organ), str(organ), cells.index[held].to_numpy(),
+                                 cells.index[~held].to_numpy(), seeds, val_fraction)
     return splits
 
 
