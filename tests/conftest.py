@@ -38,6 +38,13 @@ def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = N
     })
 
 
+@pytest.fixture
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep every request on loopback even when the environment names a proxy."""
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(var, "*")
+
+
 @pytest.fixture(scope="session")
 def tiny_panel(tmp_path_factory) -> dict:
     """A fetched, ingested and annotated tiny panel.

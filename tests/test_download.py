@@ -77,11 +77,7 @@ def _handler(state: FaultyServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep every request on loopback even when the environment names a proxy."""
-    for var in ("no_proxy", "NO_PROXY"):
-        monkeypatch.setenv(var, "*")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 @pytest.fixture

@@ -40,11 +40,7 @@ class RecordingHandler(SimpleHTTPRequestHandler):
         return None
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep every request on loopback even when the environment names a proxy."""
-    for var in ("no_proxy", "NO_PROXY"):
-        monkeypatch.setenv(var, "*")
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 @pytest.fixture
