@@ -25,3 +25,27 @@ def test_concordance_stage_ranks_sections_and_builds_nested_panels(tiny_panel, t
     assert (counts["n_matched"] + counts["n_detected_unmatched"] == counts["n_detected"]).all()
     metrics = json.loads((tmp_path / "reports" / "concordance" / "metrics.json").read_text())
     assert metrics["sections_ranked"] == 3 and metrics["panel"] == "S3" and metrics["panel_sections"] == 3
+
+
+def test_simulator_knobs_move_the_ranking(tmp_path):
+    """Weak morphology lowers AGR-BAcc (ranked last); registration jitter shows as lost matches."""
+    from cellpath.stages import run_annotate, run_fetch, run_ingest
+    from conftest import tiny_params
+
+    sections = [
+        {"section_id": "a_sharp", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 0.5,
+         "morphology_strength": 1.0},
+        {"section_id": "b_jitter", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 6.0,
+         "morphology_strength": 1.0},
+        {"section_id": "c_weak", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 0.5,
+         "morphology_strength": 0.2},
+    ]
+    params = tiny_params(seed=1, cells=600, sections=sections)
+    data, reports = tmp_path / "data", tmp_path / "reports"
+    run_fetch(params, data)
+    run_ingest(params, data)
+    run_annotate(params, data, reports)
+    panels = run_concordance(params, data, reports).set_index("section_id")
+    assert panels.loc["c_weak", "rank"] == 3
+    assert panels.loc["c_weak", "score"] < panels.loc["a_sharp", "score"] - 0.1
+    assert panels.loc["b_jitter", "n_matched"] < 0.7 * panels.loc["a_sharp", "n_matched"]
