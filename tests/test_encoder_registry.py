@@ -35,7 +35,7 @@ from cellpath.encoders.registry import (  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 REGISTRY_PATH = PROJECT_ROOT / "models" / "encoders.yaml"
-SHARED_MODELS_CSV = PROJECT_ROOT.parent / "shared" / "reference" / "foundation_models.csv"
+MODELS_CSV = PROJECT_ROOT / "models" / "foundation_models.csv"  # Table 6, transcribed
 
 # The `model` column of foundation_models.csv (the paper's Table 6).
 PAPER_MODELS = [
@@ -85,9 +85,8 @@ def test_registry_lists_the_30_paper_models_and_the_offline_controls(registry):
     assert len({spec.slug for spec in registry.values()}) == 32
 
 
-@pytest.mark.skipif(not SHARED_MODELS_CSV.is_file(), reason="foundation_models.csv not beside the project")
 def test_registry_rows_copy_the_reference_csv(registry):
-    with SHARED_MODELS_CSV.open(newline="") as handle:
+    with MODELS_CSV.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["model"] for row in rows] == PAPER_MODELS
     for row in rows:
