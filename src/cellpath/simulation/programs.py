@@ -52,6 +52,9 @@ VESSEL_MEDIA: Mix = {"Smooth muscle cell": 0.55, "Pericyte": 0.40, "Fibroblast":
 VESSEL_LUMEN: Mix = {"Erythrocyte": 0.8, "Neutrophil": 0.1, "Monocyte": 0.1}
 MUSCLE: Mix = {"Smooth muscle cell": 0.88, "Fibroblast": 0.06, "Endothelial cell": 0.03, "Macrophage": 0.03}
 ADIPOSE: Mix = {"Adipocyte": 0.9, "Endothelial cell": 0.06, "Fibroblast": 0.04}
+_BREAST_DUCT: Mix = {"Normal epithelial general": 0.85, "Myofibroblast": 0.10, "Ductal cell": 0.05}
+_AIRWAY: Mix = {"Ciliated epithelial": 0.5, "Club cell": 0.45, "Normal epithelial general": 0.05}
+_BILE_DUCT: Mix = {"Cholangiocyte": 0.92, "Ductal cell": 0.08}
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ _register(_program(
     STROMA_BREAST,
     tumour_nest={"Adenocarcinoma cell": 0.70, "Tumor epithelial general": 0.20, "Mitotic cell": 0.02,
                  "CD8 T cell": 0.04, "Macrophage": 0.04},
-    gland_epithelium={"Normal epithelial general": 0.85, "Myofibroblast": 0.10, "Ductal cell": 0.05},
+    gland_epithelium=_BREAST_DUCT,
 ))
 _register(_program(
     "Breast", "Normal", "stroma",
@@ -128,7 +131,7 @@ _register(_program(
      Structure("blob", "lymphoid", 1.5, (30.0, 55.0)),
      Structure("patch", "adipose", 1.5, (70.0, 120.0))),
     {k: v for k, v in STROMA_BREAST.items() if k != "Cancer associated fibroblast"},
-    gland_epithelium={"Normal epithelial general": 0.85, "Myofibroblast": 0.10, "Ductal cell": 0.05},
+    gland_epithelium=_BREAST_DUCT,
 ))
 
 _COLON_STROMA: Mix = {
@@ -174,7 +177,7 @@ _register(_program(
     alveolar=_ALVEOLAR,
     tumour_nest={"Squamous carcinoma cell": 0.55, "Adenocarcinoma cell": 0.25, "Tumor epithelial general": 0.12,
                  "Mitotic cell": 0.02, "Neutrophil": 0.03, "Macrophage": 0.03},
-    gland_epithelium={"Ciliated epithelial": 0.5, "Club cell": 0.45, "Normal epithelial general": 0.05},
+    gland_epithelium=_AIRWAY,
 ))
 _register(_program(
     "Lung", "Normal", "alveolar",
@@ -183,7 +186,7 @@ _register(_program(
      Structure("blob", "lymphoid", 1.0, (25.0, 45.0))),
     {k: v for k, v in _LUNG_STROMA.items() if k != "Cancer associated fibroblast"},
     alveolar=_ALVEOLAR,
-    gland_epithelium={"Ciliated epithelial": 0.5, "Club cell": 0.45, "Normal epithelial general": 0.05},
+    gland_epithelium=_AIRWAY,
 ))
 
 _PORTAL: Mix = {
@@ -200,7 +203,7 @@ _register(_program(
     _PORTAL,
     hepatic_plate=_HEPATIC,
     portal=_PORTAL,
-    gland_epithelium={"Cholangiocyte": 0.92, "Ductal cell": 0.08},
+    gland_epithelium=_BILE_DUCT,
 ))
 _register(_program(
     "Liver", "Liver cancer", "hepatic_plate",
@@ -212,7 +215,7 @@ _register(_program(
     hepatic_plate=_HEPATIC,
     tumour_nest={"Tumor epithelial general": 0.86, "Mitotic cell": 0.03, "Kupffer cell": 0.03,
                  "Endothelial cell": 0.05, "CD8 T cell": 0.03},
-    gland_epithelium={"Cholangiocyte": 0.92, "Ductal cell": 0.08},
+    gland_epithelium=_BILE_DUCT,
 ))
 
 _DERMIS: Mix = {
