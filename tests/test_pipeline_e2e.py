@@ -1,7 +1,9 @@
 """End to end: `dvc repro` on a very small simulated panel in a temporary git repository.
 
-Checks that the pipeline runs from dvc.yaml through the `cellpath` CLI, that a second `dvc repro`
-reruns nothing, and that `dvc push` / `dvc pull` round-trip the data into a fresh clone.
+Checks that the pipeline runs from dvc.yaml through the `cellpath` CLI (through the probe stage
+and its MLflow runs), that a second `dvc repro` reruns nothing, that `dvc push` / `dvc pull`
+round-trip the data into a fresh clone, and that `dvc exp run -S protocol=mocv` runs only MOCV
+and `dvc exp show` lists its metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -20,7 +23,8 @@ from conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
-TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml"]
+TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
+STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe"}
 
 
 def _env() -> dict[str, str]:
@@ -63,6 +67,9 @@ def repo(tmp_path_factory) -> dict[str, Path]:
     params["concordance"]["panel_sizes"] = [1, 2]
     params["panel"] = "S2"
     params["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
+    params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
+                           min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
+                           max_iter=20)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q", "-b", "main"], work)
     _run(["git", "config", "user.email", "test@example.com"], work)
@@ -77,14 +84,14 @@ def repo(tmp_path_factory) -> dict[str, Path]:
 
 def test_repro_runs_both_stages_and_writes_outputs(repo):
     work = repo["work"]
-    for stage in ("fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x"):
+    for stage in STAGES:
         assert f"Running stage '{stage}'" in repo["first"]
     assert sorted(p.name for p in (work / "data" / "raw").iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "references").iterdir()) == ["colon.h5ad", "skin.h5ad"]
     sections = sorted(p.name for p in (work / "data" / "sections").iterdir())
     assert sections == ["colon_t.zarr", "sections.csv", "skin_t.zarr"]
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x"}
+    assert set(lock["stages"]) == STAGES
     panels = (work / "data" / "panels.csv").read_text().splitlines()
     assert panels[0].startswith("section_id,organ,score") and len(panels) == 3
     features = work / "data" / "features" / "filterbank-dense" / "10x"
@@ -92,6 +99,11 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert sorted(p.name for p in (work / "data" / "labels").iterdir()) == [
         "colon_t.parquet", "marker_qc.csv", "skin_t.parquet", "summary.csv"]
     assert (work / "reports" / "annotation" / "metrics.json").is_file()
+    runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
+    assert set(runs["protocol"]) == {"is", "mocv", "looo"}  # IOCD: no organ has two sections
+    assert (runs["status"] == "ok").sum() > 0
+    assert (work / "mlflow.db").is_file()  # the default tracking URI, relative to the project root
+    assert "probe_runs.parquet" in (work / "reports" / ".gitignore").read_text()  # tracked by DVC
     ignored = (work / "data" / ".gitignore").read_text()
     assert "/raw" in ignored and "/sections" in ignored  # data are tracked by DVC, not git
 
@@ -119,3 +131,40 @@ def test_push_and_pull_round_trip_into_a_fresh_clone(repo):
     status = _run(["dvc", "status"], clone)
     assert "up to date" in status.lower()
     assert any(store.rglob("*"))
+
+
+def _find_experiment(node, name: str):
+    """The `dvc exp show --json` entry of experiment ``name`` (searched recursively)."""
+    if isinstance(node, dict):
+        if node.get("name") == name and "data" in node:
+            return node
+        children = node.values()
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    for child in children:
+        found = _find_experiment(child, name)
+        if found is not None:
+            return found
+    return None
+
+
+def test_one_protocol_as_a_dvc_experiment(repo):
+    import json
+
+    work = repo["work"]
+    out = _run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
+    assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
+    runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
+    assert set(runs["protocol"]) == {"mocv"}
+    show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert show.returncode == 0, show.stderr
+    shown = json.loads(show.stdout)
+    experiment = _find_experiment(shown, "mocv-only")
+    assert experiment is not None, shown
+    metrics = experiment["data"]["metrics"]["reports/metrics.json"]["data"]
+    assert set(metrics["filterbank-dense"]) == {"mocv"}
+    assert 0.0 <= metrics["filterbank-dense"]["mocv"]["nuc_macro_f1"] <= 1.0
+    assert experiment["data"]["params"]["params.yaml"]["data"]["protocol"] == "mocv"

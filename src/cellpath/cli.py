@@ -75,6 +75,13 @@ def _extract(args: argparse.Namespace) -> None:
             run_extract(params, Path(args.data_dir), encoder, magnification)
 
 
+def _probe(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.probe_stage import run_probe_stage
+
+    run_probe_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
 
@@ -88,6 +95,7 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "annotate": (_annotate, "transfer 68-type labels from the references; Tfine/Tcoarse, eligibility, marker QC"),
     "concordance": (_concordance, "H&E nuclei (CellViT++ or the built-in detector) vs Xenium labels: AGR-BAcc, ranking, panels"),
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
+    "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
 }
 

@@ -132,13 +132,62 @@ class ConcordanceConfig(_Strict):
 class ExtractConfig(_Strict):
     """Frozen-encoder feature extraction (the ``extract`` stage, a DVC matrix encoder × magnification)."""
 
-    encoders: Annotated[list[str], Field(min_length=1)] = ["random-vit-s16", "filterbank-dense"]
+    encoders: Annotated[list[str], Field(min_length=1)] = ["random-vit-t16", "filterbank-dense"]
     magnifications: Annotated[list[Literal["40x", "20x", "10x"]], Field(min_length=1)] = ["40x", "20x", "10x"]
     registry: Path = Path("models/encoders.yaml")
     weights_dir: Path = Path("models")
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+
+
+ProtocolName = Literal["is", "iocd", "mocv", "looo"]
+TaxonomyName = Literal["fine", "coarse"]
+ReadoutName = Literal["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
+
+
+class ClassGate(_Strict):
+    """Minimum training and test cells for a class to be scored in a unit (per taxonomy)."""
+
+    fine: Annotated[int, Field(ge=1)]
+    coarse: Annotated[int, Field(ge=1)]
+
+
+class ProbeConfig(_Strict):
+    """Linear probes under the four protocols (the ``probe`` stage). Paper values in comments."""
+
+    taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
+    readouts: Annotated[list[ReadoutName], Field(min_length=1)] = ["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
+    magnifications: list[Literal["40x", "20x", "10x"]] | None = None  # None: every extract.magnifications
+    seeds: dict[ProtocolName, Annotated[int, Field(ge=1, le=100)]] = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
+    mocv_folds: Annotated[int, Field(ge=2, le=50)] = 5
+    is_roi_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
+    is_buffer_um: Annotated[float, Field(ge=0.0, le=5000.0)] = 25.0
+    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    min_train_cells: ClassGate = ClassGate(fine=500, coarse=100)
+    min_test_cells: ClassGate = ClassGate(fine=200, coarse=100)
+    max_train_cells: Annotated[int, Field(ge=10)] | None = None  # None: every training cell (the paper)
+    c_grid: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
+    max_iter: Annotated[int, Field(ge=1, le=10_000)] = 100
+    batch_memory_mb: Annotated[int, Field(ge=16, le=1_000_000)] = 512
+    device: Literal["cpu", "cuda"] = "cpu"
+    torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+
+    @model_validator(mode="after")
+    def _every_protocol_has_seeds(self) -> "ProbeConfig":
+        missing = [p for p in ("is", "iocd", "mocv", "looo") if p not in self.seeds]
+        if missing:
+            raise ValueError(f"seeds needs a count for every protocol; missing: {', '.join(missing)}")
+        return self
+
+
+class MlflowConfig(_Strict):
+    """Where probe and robustness results are tracked. Relative paths are from the project root."""
+
+    enabled: bool = True
+    tracking_uri: str = "sqlite:///mlflow.db"  # any MLflow URI: sqlite:///…, http://host:5000, file:…
+    artifact_location: str = "mlartifacts"     # used when the experiment is created
+    experiment: Annotated[str, Field(min_length=1)] = "cellpath"
 
 
 class Params(_Strict):
@@ -152,6 +201,14 @@ class Params(_Strict):
     concordance: ConcordanceConfig = ConcordanceConfig()
     panel: Annotated[str, Field(pattern=r"^S[0-9]+$")] = "S12"
     extract: ExtractConfig = ExtractConfig()
+    protocol: Literal["all", "is", "iocd", "mocv", "looo"] = "all"
+    probe: ProbeConfig = ProbeConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        """The protocols the probe stage runs (``protocol: all`` → all four, in the paper's order)."""
+        return ("is", "iocd", "mocv", "looo") if self.protocol == "all" else (self.protocol,)
 
     @model_validator(mode="after")
     def _panel_is_built(self) -> "Params":

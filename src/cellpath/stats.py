@@ -55,7 +55,10 @@ def cell_representation_advantage(runs: pd.DataFrame, metric: str) -> pd.DataFra
     """CRA per (model, magnification, taxonomy): IS Nuc − Mean, seeds → sections → organs → mean."""
     is_runs = runs[(runs["protocol"] == "is") & runs["readout"].isin(["Nuc", "Mean"])]
     keys = ["model", "magnification", "taxonomy", "unit", "organ", "seed"]
-    wide = is_runs.pivot_table(index=keys, columns="readout", values=metric, aggfunc="first").dropna()
+    wide = is_runs.pivot_table(index=keys, columns="readout", values=metric, aggfunc="first")
+    if not {"Nuc", "Mean"} <= set(wide.columns):
+        return pd.DataFrame(columns=["model", "magnification", "taxonomy", "cra"])
+    wide = wide[["Nuc", "Mean"]].dropna()
     wide = wide.assign(diff=wide["Nuc"] - wide["Mean"]).reset_index()
     per_section = wide.groupby(["model", "magnification", "taxonomy", "organ", "unit"])["diff"].mean()
     per_organ = per_section.groupby(["model", "magnification", "taxonomy", "organ"]).mean()

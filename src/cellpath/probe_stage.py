@@ -1,0 +1,240 @@
+"""The ``probe`` stage: every planned probe run on every (encoder, magnification, readout), the run
+table, the paper's summaries, ``reports/metrics.json`` and the MLflow runs.
+
+Outputs (paths relative to the reports folder):
+
+- ``probe_runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
+- ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC);
+- ``probe/cra.csv``, ``probe/wins.csv``, ``probe/crt.csv``, ``probe/rank_agreement.csv``;
+- ``probe/counts.json``: runs fitted, skipped (fewer than two gated classes) and structurally
+  unavailable (Cls readouts of CLS-less encoders), per protocol; ``probe/timing.json``;
+- ``metrics.json``: the headline numbers for ``dvc metrics show`` / ``dvc exp show``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cellpath.atomic import atomic_output
+from cellpath.config import Params
+from cellpath.encoders.registry import EncoderSpec, load_registry
+from cellpath.errors import ConfigError
+from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
+from cellpath.readouts import CLS_READOUTS
+from cellpath.tracking import Tracker, metric_key
+
+log = logging.getLogger(__name__)
+
+METRICS = ("macro_f1", "macro_auroc", "macro_auprc")
+
+
+def evaluated_encoders(params: Params) -> list[EncoderSpec]:
+    """Registry entries of ``extract.encoders`` (names or slugs), in the listed order."""
+    registry = load_registry(params.extract.registry)
+    by_key = {spec.slug: spec for spec in registry.values()} | registry
+    unknown = [e for e in params.extract.encoders if e not in by_key]
+    if unknown:
+        raise ConfigError(f"extract.encoders: unknown encoder(s) {', '.join(unknown)}; known slugs: "
+                          f"{', '.join(sorted(s.slug for s in registry.values()))}")
+    return [by_key[e] for e in params.extract.encoders]
+
+
+def headline_magnification(magnifications: list[str]) -> str:
+    """The magnification of the headline numbers and CRT: 20× (the paper's) when evaluated."""
+    return "20x" if "20x" in magnifications else magnifications[0]
+
+
+def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
+    """probe: fit and score every run, write the run table, summaries and metrics, log to MLflow."""
+    started = time.perf_counter()
+    cfg = params.probe
+    magnifications = list(cfg.magnifications or params.extract.magnifications)
+    missing = [m for m in magnifications if m not in params.extract.magnifications]
+    if missing:
+        raise ConfigError(f"probe.magnifications: {', '.join(missing)} not in extract.magnifications")
+    encoders = evaluated_encoders(params)
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    panel = load_panel_cells(data_dir, params.panel)
+    cells = panel.cells
+    plans = {taxonomy: [run for protocol in params.protocols for run in plan_runs(cells, protocol, taxonomy, cfg)]
+             for taxonomy in cfg.taxonomies}
+    for taxonomy, runs in plans.items():
+        for protocol in params.protocols:
+            mine = [r for r in runs if r.protocol == protocol]
+            log.info("probe plan %s %s: %d runs, %d skipped (fewer than two gated classes)", taxonomy, protocol,
+                     len(mine), sum(r.task is None for r in mine))
+    tracker = Tracker(params.mlflow, "probe", root)
+    frames, unavailable = [], {p: 0 for p in params.protocols}
+    try:
+        for spec in encoders:
+            for magnification in magnifications:
+                base = load_base_readouts(data_dir / "features", spec.slug, magnification, panel)
+                for readout in cfg.readouts:
+                    if readout in CLS_READOUTS and not spec.has_cls:
+                        for runs in plans.values():
+                            for run in runs:
+                                unavailable[run.protocol] += 1
+                        continue
+                    x = readout_matrix(base, readout)
+                    for taxonomy, runs in plans.items():
+                        fit_started = time.perf_counter()
+                        frame = fit_condition(x, cells, runs, cfg).assign(
+                            model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS]
+                        frames.append(frame)
+                        log.info("probe %s %s %s %s: %d runs in %.1f s", spec.name, magnification, readout, taxonomy,
+                                 int((frame["status"] == "ok").sum()), time.perf_counter() - fit_started)
+                        for protocol, part in frame.groupby("protocol", sort=False):
+                            tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy} {protocol}",
+                                              condition_params(part, params), condition_metrics(part), part)
+        runs_table = pd.concat(frames, ignore_index=True)
+        summaries = summarise(runs_table, magnifications)
+        counts = run_counts(runs_table, unavailable)
+        metrics = headline_metrics(runs_table, summaries, counts, magnifications)
+        write_outputs(reports, runs_table, summaries, counts, metrics)
+        tracker.finish(stage_params(params, magnifications), flat_metrics(metrics),
+                       [reports / "probe_runs.parquet", reports / "metrics.json"])
+    except BaseException:
+        tracker.finish({}, {}, failed=True)
+        raise
+    elapsed = time.perf_counter() - started
+    timing = {"stage_seconds": round(elapsed, 2), "fit_seconds": round(float(runs_table["fit_seconds"].sum()), 2),
+              "mlflow_blocking_seconds": round(tracker.seconds, 2), "mlflow_fraction": round(tracker.seconds / elapsed, 4),
+              "mlflow_logging_thread_seconds": round(tracker.busy_seconds, 2), "mlflow_runs": tracker.children + 1}
+    with atomic_output(reports / "probe" / "timing.json") as tmp:
+        tmp.write_text(json.dumps(timing, indent=2) + "\n")
+    log.info("probe: %d runs fitted, %d skipped, %d unavailable in %.1f s; MLflow: %d runs, %.1f s blocking "
+             "(%.1f %%), %.1f s in the logging thread", counts["total"]["ok"], counts["total"]["skipped"],
+             counts["total"]["unavailable"], elapsed, tracker.children + 1, tracker.seconds,
+             100 * tracker.seconds / elapsed, tracker.busy_seconds)
+    return runs_table
+
+
+def condition_params(part: pd.DataFrame, params: Params) -> dict:
+    first = part.iloc[0]
+    return {"model": first["model"], "magnification": first["magnification"], "readout": first["readout"],
+            "taxonomy": first["taxonomy"], "protocol": first["protocol"], "panel": params.panel,
+            "seeds": params.probe.seeds[first["protocol"]],
+            "min_train_cells": getattr(params.probe.min_train_cells, first["taxonomy"]),
+            "min_test_cells": getattr(params.probe.min_test_cells, first["taxonomy"])}
+
+
+def condition_metrics(part: pd.DataFrame) -> dict[str, float]:
+    """A condition's balanced summary, run counts and seed-averaged Macro-F1 per unit (the rows hold the rest)."""
+    from cellpath.stats import protocol_summary, unit_scores
+
+    metrics: dict[str, float] = {"runs_ok": float((part["status"] == "ok").sum()),
+                                 "runs_skipped": float((part["status"] == "skipped").sum())}
+    for metric in METRICS:
+        summary = protocol_summary(part, metric)
+        if len(summary):
+            metrics[f"{metric}_mean"] = float(summary["mean"].iloc[0])
+            metrics[f"{metric}_sd"] = float(summary["sd"].iloc[0])
+    for row in unit_scores(part, "macro_f1").itertuples():
+        metrics[metric_key("unit", row.unit, "macro_f1")] = float(row.score)
+    return metrics
+
+
+def summarise(runs: pd.DataFrame, magnifications: list[str]) -> dict[str, pd.DataFrame]:
+    """The paper's summaries of a run table (stats.py), computed on the fitted runs."""
+    from cellpath import stats
+
+    ok = runs[runs["status"] == "ok"]
+    summary = pd.concat([stats.protocol_summary(ok, m).assign(metric=m) for m in METRICS], ignore_index=True)
+    wins = pd.concat([stats.win_counts(ok, m).assign(metric=m) for m in ("macro_f1", "macro_auroc")],
+                     ignore_index=True)
+    headline = headline_magnification(magnifications)
+    crt = stats.cell_representation_transferability(wins[wins["metric"] == "macro_f1"], magnification=headline)
+    cra = pd.concat([stats.cell_representation_advantage(ok, m).assign(metric=m) for m in ("macro_f1", "macro_auroc")],
+                    ignore_index=True)
+    agreement = pd.DataFrame([
+        {"protocol": p, "readout": "Nuc", "magnification": headline,
+         "spearman": stats.taxonomy_rank_agreement(summary[summary["metric"] == "macro_f1"], protocol=p,
+                                                   magnification=headline)}
+        for p in sorted(ok["protocol"].unique())])
+    return {"summary": summary, "wins": wins, "crt": crt, "cra": cra, "rank_agreement": agreement}
+
+
+def run_counts(runs: pd.DataFrame, unavailable: dict[str, int]) -> dict:
+    counts = {}
+    for protocol in unavailable:
+        part = runs[runs["protocol"] == protocol]
+        counts[protocol] = {"ok": int((part["status"] == "ok").sum()),
+                            "skipped": int((part["status"] == "skipped").sum()), "unavailable": unavailable[protocol]}
+    counts["total"] = {k: sum(c[k] for c in counts.values()) for k in ("ok", "skipped", "unavailable")}
+    return counts
+
+
+def _round(value: float) -> float | None:
+    return None if value is None or not np.isfinite(value) else round(float(value), 4)
+
+
+def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
+                     magnifications: list[str]) -> dict:
+    """Per model: Tfine Nuc Macro-F1/-AUROC per protocol at the headline magnification, CRA and CRT."""
+    headline = headline_magnification(magnifications)
+    summary = summaries["summary"]
+    chosen = summary[(summary["readout"] == "Nuc") & (summary["taxonomy"] == "fine")
+                     & (summary["magnification"] == headline)]
+    metrics: dict = {"magnification": headline, "runs": counts["total"]}
+    for model in sorted(runs["model"].unique()):
+        entry: dict = {}
+        for row in chosen[chosen["model"] == model].itertuples():
+            entry.setdefault(row.protocol, {})[f"nuc_{row.metric}"] = _round(row.mean)
+        cra = summaries["cra"]
+        cra = cra[(cra["model"] == model) & (cra["taxonomy"] == "fine") & (cra["magnification"] == headline)
+                  & (cra["metric"] == "macro_f1")]
+        if len(cra):
+            entry["cra_macro_f1"] = _round(cra["cra"].iloc[0])
+        crt = summaries["crt"]
+        crt = crt[crt["model"] == model]
+        if len(crt) and np.isfinite(crt["crt"].iloc[0]):
+            entry["crt"] = _round(crt["crt"].iloc[0])
+        metrics[model] = entry
+    return metrics
+
+
+def flat_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """Nested headline metrics → flat MLflow keys (numbers only)."""
+    flat = {}
+    for key, value in metrics.items():
+        name = metric_key(f"{prefix}{key}")
+        if isinstance(value, dict):
+            flat |= flat_metrics(value, f"{name}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+            flat[name] = float(value)
+    return flat
+
+
+def stage_params(params: Params, magnifications: list[str]) -> dict:
+    cfg = params.probe
+    return {"panel": params.panel, "protocol": params.protocol, "encoders": ",".join(params.extract.encoders),
+            "magnifications": ",".join(magnifications), "readouts": ",".join(cfg.readouts),
+            "taxonomies": ",".join(cfg.taxonomies), "seeds": json.dumps(cfg.seeds, sort_keys=True),
+            "c_grid": ",".join(map(str, cfg.c_grid)), "max_iter": cfg.max_iter,
+            "max_train_cells": cfg.max_train_cells, "min_train_cells": cfg.min_train_cells.model_dump_json(),
+            "min_test_cells": cfg.min_test_cells.model_dump_json(), "device": cfg.device}
+
+
+def write_outputs(reports: Path, runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
+                  metrics: dict) -> None:
+    """The run table, the summary folder and metrics.json, each written atomically."""
+    reports.mkdir(parents=True, exist_ok=True)
+    with atomic_output(reports / "probe_runs.parquet") as tmp:
+        runs.to_parquet(tmp, index=False)
+    with atomic_output(reports / "probe") as out:
+        out.mkdir()
+        for name, frame in summaries.items():
+            frame.to_csv(out / f"{name}.csv", index=False)
+        (out / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+    with atomic_output(reports / "metrics.json") as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")

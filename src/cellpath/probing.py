@@ -1,0 +1,123 @@
+"""The probe plan: protocol splits → gated probe tasks → fitted runs, one table row per run.
+
+Tasks depend only on the cells, the protocol and the taxonomy, so they are built once and reused
+for every (encoder, magnification, readout). A run whose unit has fewer than two classes passing
+the gates is recorded with ``status = "skipped"`` and its reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from cellpath.config import ProbeConfig
+from cellpath.errors import ConfigError
+from cellpath.probe import ProbeTask, fit_tasks
+from cellpath.protocols import Split, gate_classes, make_splits
+
+log = logging.getLogger(__name__)
+
+RUN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "organ", "seed", "status",
+               "skip_reason", "n_train", "n_val", "n_test", "n_classes", "classes", "chosen_c", "val_macro_f1",
+               "macro_f1", "macro_auroc", "macro_auprc", "fit_seconds"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One (protocol, unit, seed, taxonomy) run; ``task`` is None when the unit is skipped."""
+
+    protocol: str
+    unit: str
+    organ: str
+    seed: int
+    taxonomy: str
+    task: ProbeTask | None
+    skip_reason: str = ""
+
+    def row(self, class_names: list[str]) -> dict:
+        task = self.task
+        classes = [] if task is None else [class_names[c] for c in task.classes]
+        return {"protocol": self.protocol, "unit": self.unit, "organ": self.organ, "seed": self.seed,
+                "taxonomy": self.taxonomy, "status": "ok" if task is not None else "skipped",
+                "skip_reason": self.skip_reason,
+                "n_train": 0 if task is None else len(task.train), "n_val": 0 if task is None else len(task.val),
+                "n_test": 0 if task is None else len(task.test), "n_classes": len(classes),
+                "classes": "|".join(classes)}
+
+
+def class_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Class index per cell and the (sorted) class names of a taxonomy column."""
+    names = sorted(labels.unique())
+    codes = pd.Categorical(labels, categories=names).codes.astype(np.int64)
+    return codes, names
+
+
+def _capped(train: np.ndarray, cap: int | None, split: Split) -> np.ndarray:
+    """At most ``cap`` training cells, a seeded uniform subsample (the same for every model)."""
+    if cap is None or len(train) <= cap:
+        return train
+    rng = np.random.default_rng([split.seed, 7919, *map(ord, f"{split.protocol}:{split.unit}")])
+    return np.sort(rng.choice(train, cap, replace=False))
+
+
+def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfig) -> list[PlannedRun]:
+    """Every run of one protocol and taxonomy on the cell table, gated as ``cfg`` says."""
+    try:
+        splits = make_splits(cells, protocol, cfg.seeds[protocol], n_folds=cfg.mocv_folds,
+                             roi_fraction=cfg.is_roi_fraction, buffer_um=cfg.is_buffer_um,
+                             val_fraction=cfg.val_fraction)
+    except ValueError as exc:
+        raise ConfigError(f"probe ({protocol}): {exc}; adjust probe.mocv_folds or the panel") from None
+    codes, names = class_codes(cells[taxonomy])
+    min_train = getattr(cfg.min_train_cells, taxonomy)
+    min_test = getattr(cfg.min_test_cells, taxonomy)
+    runs = []
+    for split in splits:
+        train = _capped(split.train, cfg.max_train_cells, split)
+        gated = gate_classes(codes[train], codes[split.test], min_train, min_test)
+        key = (split.protocol, split.unit, split.organ, split.seed, taxonomy)
+        if len(gated) < 2:
+            runs.append(PlannedRun(*key, None, f"{len(gated)} class(es) with ≥{min_train} train and ≥{min_test} "
+                                               "test cells"))
+            continue
+        classes = np.array(sorted(gated), dtype=np.int64)
+        keep = [rows[np.isin(codes[rows], classes)] for rows in (train, split.val, split.test)]
+        if len(keep[1]) == 0:
+            runs.append(PlannedRun(*key, None, "no validation cell of a scored class"))
+            continue
+        runs.append(PlannedRun(*key, ProbeTask(*keep, classes=classes)))
+    return runs
+
+
+def skipped_count(runs: list[PlannedRun]) -> int:
+    return sum(run.task is None for run in runs)
+
+
+def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cfg: ProbeConfig) -> pd.DataFrame:
+    """Fit every planned run of one taxonomy on one feature matrix; one row per run (skipped ones too)."""
+    taxonomy = runs[0].taxonomy
+    codes, names = class_codes(cells[taxonomy])
+    active = [run for run in runs if run.task is not None]
+    results = fit_tasks(x, codes, len(names), [run.task for run in active], c_grid=tuple(cfg.c_grid),
+                        max_iter=cfg.max_iter, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb)
+    by_run = {id(run): result for run, result in zip(active, results)}
+    rows = []
+    for run in runs:
+        row = run.row(names)
+        result = by_run.get(id(run))
+        if result is not None:
+            row |= {"chosen_c": result.chosen_c, "val_macro_f1": result.val_macro_f1, "macro_f1": result.macro_f1,
+                    "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
+                    "fit_seconds": result.fit_seconds}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def iter_conditions(protocols: tuple[str, ...], taxonomies: list[str]) -> Iterator[tuple[str, str]]:
+    for taxonomy in taxonomies:
+        for protocol in protocols:
+            yield protocol, taxonomy

@@ -1,0 +1,156 @@
+"""The probe stage on the tiny simulated panel: run table, summaries, metrics.json and MLflow."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cellpath.config import parse_params
+from cellpath.errors import InputError
+from cellpath.probe_stage import run_probe_stage
+from cellpath.probing import RUN_COLUMNS
+
+
+def _params(base, tmp_path, **top):
+    data = base.model_dump(mode="json")
+    data["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
+    data["probe"] = {"seeds": {"is": 2, "iocd": 1, "mocv": 1, "looo": 1}, "mocv_folds": 3,
+                     "min_train_cells": {"fine": 10, "coarse": 10}, "min_test_cells": {"fine": 5, "coarse": 5},
+                     "readouts": ["Nuc", "Mean", "Cls", "N||M"], "max_iter": 30}
+    data["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "art"),
+                      "experiment": "test"}
+    data.update(top)
+    return parse_params(data)
+
+
+@pytest.fixture(scope="module")
+def probe_data(tiny_panel, tmp_path_factory):
+    """The tiny panel with panels and filterbank-dense 10× features, in a private folder."""
+    from cellpath.stages import run_concordance, run_extract
+
+    root = tmp_path_factory.mktemp("probe")
+    data_dir = root / "data"
+    for sub in ("raw", "sections", "labels"):
+        shutil.copytree(tiny_panel["data_dir"] / sub, data_dir / sub)
+    run_concordance(tiny_panel["params"], data_dir, root / "reports")
+    run_extract(tiny_panel["params"], data_dir, "filterbank-dense", "10x")
+    return {"root": root, "data_dir": data_dir, "params": tiny_panel["params"]}
+
+
+@pytest.fixture(scope="module")
+def all_protocols(probe_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    params = _params(probe_data["params"], tmp)
+    runs = run_probe_stage(params, probe_data["data_dir"], tmp / "reports", root=tmp)
+    return {"runs": runs, "reports": tmp / "reports", "params": params, "tmp": tmp}
+
+
+def test_run_table_has_one_row_per_planned_run(all_protocols):
+    runs = all_protocols["runs"]
+    on_disk = pd.read_parquet(all_protocols["reports"] / "probe_runs.parquet")
+    assert list(on_disk.columns) == RUN_COLUMNS and len(on_disk) == len(runs)
+    # 3 sections (Breast ×2, Lymphoid ×1): IS 3 units × 2 seeds, IOCD 2 × 1, MOCV 3 folds × 1, LOOO 2 × 1,
+    # for 3 available readouts (Cls is unavailable for the filterbank) × 2 taxonomies.
+    per_readout_taxonomy = {"is": 6, "iocd": 2, "mocv": 3, "looo": 2}
+    counts = runs.groupby("protocol").size().to_dict()
+    assert counts == {p: n * 3 * 2 for p, n in per_readout_taxonomy.items()}
+    assert set(runs["readout"]) == {"Nuc", "Mean", "N||M"}
+    ok = runs[runs["status"] == "ok"]
+    assert len(ok) > 0.5 * len(runs)
+    assert ok[["macro_f1", "macro_auroc", "macro_auprc"]].notna().all().all()
+    assert ((ok["macro_f1"] >= 0) & (ok["macro_f1"] <= 1)).all()
+    assert (ok["n_classes"] >= 2).all() and (ok["chosen_c"].isin([0.01, 0.1, 1.0, 10.0])).all()
+    skipped = runs[runs["status"] == "skipped"]
+    assert skipped["macro_f1"].isna().all() and (skipped["skip_reason"] != "").all()
+    # LOOO on the lymphoid organ: tested on tonsil, trained on breast only; its classes pass the gates
+    # only where both organs have them.
+    counts_json = json.loads((all_protocols["reports"] / "probe" / "counts.json").read_text())
+    assert counts_json["total"]["ok"] == len(ok) and counts_json["total"]["skipped"] == len(skipped)
+    assert counts_json["total"]["unavailable"] == sum(per_readout_taxonomy.values()) * 2  # Cls × 2 taxonomies
+
+
+def test_probes_learn_the_cell_types(all_protocols):
+    """Filterbank Nuc features of the simulated nuclei predict Tcoarse above chance within a section."""
+    runs = all_protocols["runs"]
+    chosen = runs[(runs["protocol"] == "is") & (runs["readout"] == "Nuc") & (runs["taxonomy"] == "coarse")
+                  & (runs["status"] == "ok")]
+    assert len(chosen) >= 4
+    assert chosen["macro_auroc"].mean() > 0.65
+
+
+def test_metrics_json_and_summaries(all_protocols):
+    reports = all_protocols["reports"]
+    metrics = json.loads((reports / "metrics.json").read_text())
+    entry = metrics["filterbank-dense"]
+    assert metrics["magnification"] == "10x"
+    assert set(entry) >= {"is", "mocv", "looo", "cra_macro_f1"}
+    runs = all_protocols["runs"]
+    from cellpath.stats import protocol_summary
+
+    nuc = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine") & (runs["status"] == "ok")]
+    expected = protocol_summary(nuc, "macro_f1").set_index("protocol")["mean"]
+    assert entry["is"]["nuc_macro_f1"] == pytest.approx(expected["is"], abs=1e-4)
+    for name in ("summary", "cra", "wins", "crt", "rank_agreement"):
+        assert (reports / "probe" / f"{name}.csv").is_file()
+    timing = json.loads((reports / "probe" / "timing.json").read_text())
+    assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2 * 4
+
+
+def test_every_run_is_retrievable_from_mlflow(all_protocols):
+    from mlflow.tracking import MlflowClient
+
+    from cellpath.tracking import load_logged_table
+
+    tmp, runs = all_protocols["tmp"], all_protocols["runs"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    experiment = client.get_experiment_by_name("test")
+    found = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 3 * 2 * 4  # readouts × taxonomies × protocols
+    assert parents[0].data.tags["dvc.experiment"] == "workspace"
+    child = next(c for c in children if c.data.params["protocol"] == "is" and c.data.params["readout"] == "Nuc"
+                 and c.data.params["taxonomy"] == "fine")
+    table = load_logged_table(f"sqlite:///{tmp}/mlflow.db", child.info.run_id)
+    mine = runs[(runs["protocol"] == "is") & (runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine")]
+    assert len(table) == len(mine)
+    np.testing.assert_allclose(np.sort(table["macro_f1"].dropna()), np.sort(mine["macro_f1"].dropna()))
+    assert child.data.metrics["runs_ok"] == (mine["status"] == "ok").sum()
+    assert any(key.startswith("unit/") for key in child.data.metrics)
+
+
+def test_one_protocol_runs_only_that_protocol(probe_data, tmp_path):
+    params = _params(probe_data["params"], tmp_path, protocol="mocv")
+    params = parse_params(params.model_dump(mode="json") | {"mlflow": {"enabled": False}})
+    runs = run_probe_stage(params, probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
+    assert set(runs["protocol"]) == {"mocv"}
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert set(metrics["filterbank-dense"]) == {"mocv"}
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_nan_features_are_reported_with_section_and_encoder(probe_data, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(probe_data["data_dir"], data_dir)
+    path = data_dir / "features" / "filterbank-dense" / "10x" / "breast_b" / "Nuc.npy"
+    matrix = np.load(path)
+    matrix[:, 0] = np.nan  # every cell, so evaluated ones too
+    np.save(path, matrix)
+    params = parse_params(_params(probe_data["params"], tmp_path).model_dump(mode="json") | {"mlflow": {"enabled": False}})
+    with pytest.raises(InputError, match=r"breast_b.*NaN or infinite Nuc features \(encoder filterbank-dense, 10x\)"):
+        run_probe_stage(params, data_dir, tmp_path / "reports", root=tmp_path)
+    assert not (tmp_path / "reports" / "probe_runs.parquet").exists()
+
+
+def test_too_many_mocv_folds_names_the_parameter(probe_data, tmp_path):
+    from cellpath.errors import ConfigError
+
+    data = _params(probe_data["params"], tmp_path).model_dump(mode="json")
+    data["probe"]["mocv_folds"] = 5
+    data["mlflow"] = {"enabled": False}
+    with pytest.raises(ConfigError, match="probe.mocv_folds"):
+        run_probe_stage(parse_params(data), probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
