@@ -44,7 +44,7 @@ PAPER_MODELS = [
     "CTransPath (CHIEF)", "Kaiko ViT-S/8", "Kaiko ViT-S/16", "Lunit ViT-S/8", "MUSK", "CONCH v1.5", "mSTAR",
     "CONCH", "PLIP", "SEAL (UNI2)", "OmiCLIP", "SEAL (CONCH)", "DINOv3 ViT-L/16", "DINOv3 ViT-B/16",
 ]
-OFFLINE_MODELS = ["random-vit-s16", "filterbank-dense"]
+OFFLINE_MODELS = ["random-vit-s16", "random-vit-t16", "filterbank-dense"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -82,7 +82,7 @@ def reference_tokens(module: torch.nn.Module, spec: EncoderSpec, images: np.ndar
 
 def test_registry_lists_the_30_paper_models_and_the_offline_controls(registry):
     assert list(registry) == OFFLINE_MODELS + PAPER_MODELS
-    assert len({spec.slug for spec in registry.values()}) == 32
+    assert len({spec.slug for spec in registry.values()}) == 33
 
 
 def test_registry_rows_copy_the_reference_csv(registry):
