@@ -1,0 +1,285 @@
+"""Downstream shortcut probe: a confounder-biased linear-probe sweep over Cramér's V, and its
+reductions APD (PathoROB) and nIPD (CRoMa paper), matching ``croma.apd`` / ``croma.nipd``.
+
+Design (after ``croma.downstream.probe`` / PathoROB): a logistic-regression probe predicts the
+biology from frozen features. Its training pool (training + validation rows) has a fixed size and
+fixed marginal class and confounder frequencies (see :func:`composition`); only the joint
+composition moves, from independence (V = 0) to complete dependence (V = 1), confounder levels
+and classes paired in their order of first appearance. Each run fixes the test rows first,
+then walks the V grid on nested prefixes of the same shuffled rows, so across V only the training
+composition changes. Regularisation C is chosen from ``C_GRID`` (15 values, 1e-8..1e4) by
+validation balanced accuracy (first best), then the probe is refitted on the training rows.
+Accuracies are balanced accuracies: in domain (unseen groups of the training confounders, equal
+rows per confounder x class cell) and held out (every row of the confounders not trained on).
+Features are used as given (no scaling), as in PathoROB.
+
+Deviations from croma's sweep, on purpose:
+* croma walks PathoROB's per-dataset slide schedules; here the composition is the linear family
+  ``(1 - t) * independent + t * fully aligned`` at any requested V (Cramér's V of that table is
+  exactly t; see :func:`composition`), which exists for any numbers of confounders and classes.
+  For two centres x two classes and 7 slides per cell it is PathoROB's Camelyon schedule at
+  V = split / 7 (class order swapped). When neither count divides the other, V = 1 forces
+  unequal marginals on the shorter axis (they stay fixed across V).
+* croma shuffles whole slides inside each (confounder, class) cell and cuts the test tail from the
+  same cells. Here the unit kept whole is the *group* (patch / tile), which may span several
+  classes, so the in-domain test rows are a random share of the groups (``test_fraction``), drawn
+  before any training rows, and never shared with training or validation.
+* Validation rows are a ``validation_fraction`` share of each cell's pool rows (the paper's 10%
+  of a fixed pool) rather than PathoROB's ``1 / max_train_slides`` extra rows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.integrate import trapezoid
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+
+from cellpath.robustness.metrics import balanced_accuracy
+from cellpath.robustness.validation import check_at_least_one, check_features, encode
+
+#: Cramér's V values of the sweep: 0, 0.1, ..., 1.
+CRAMERS_V_GRID: tuple[float, ...] = tuple(round(0.1 * step, 1) for step in range(11))
+#: PathoROB's regularisation grid: 15 values of C log-spaced from 1e-8 to 1e4.
+C_GRID: tuple[float, ...] = tuple(10 ** np.linspace(-8, 4, 15))
+
+
+@dataclass(frozen=True)
+class ShortcutSweep:
+    """Balanced accuracies of the sweep, one row per Cramér's V and one column per run.
+
+    ``cramers_v`` is the V each training table realises (integer counts), ``tables`` the
+    (confounder x class) training-pool counts, ``chance`` = 1 / number of classes. ``held_out``
+    is None when every confounder was trained on.
+    """
+
+    cramers_v: np.ndarray
+    tables: tuple[np.ndarray, ...]
+    in_domain: np.ndarray
+    held_out: np.ndarray | None
+    chance: float
+
+    def summary(self) -> dict[str, float]:
+        """APD and nIPD of each evaluation setting."""
+        out = {"apd_in_domain": apd(self.in_domain), "nipd_in_domain": nipd(self.in_domain, self.cramers_v, self.chance)}
+        if self.held_out is not None:
+            out["apd_held_out"] = apd(self.held_out)
+            out["nipd_held_out"] = nipd(self.held_out, self.cramers_v, self.chance)
+        return out
+
+
+def cramers_v(table: ArrayLike) -> float:
+    """Cramér's V of a contingency table (no continuity correction)."""
+    counts = np.asarray(table, dtype=float)
+    expected = np.outer(counts.sum(axis=1), counts.sum(axis=0)) / counts.sum()
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    return float(np.sqrt(chi2 / (counts.sum() * (min(counts.shape) - 1))))
+
+
+def composition(n_confounders: int, n_classes: int, pool_size: int, v: float) -> np.ndarray:
+    """Training-pool counts (confounder x class) at Cramér's V ~= v with fixed marginals.
+
+    Along the longer axis (L levels) each level is aligned with one level of the shorter axis,
+    level l with level l % S; the marginals are those of that fully aligned table (uniform on the
+    longer axis; uniform on both when S divides L). The table is the mixture
+    ``(1 - t) * independent + t * aligned`` with integer cells: every off-aligned cell holds
+    ``n_s * u`` (``n_s``: longer-axis levels aligned with its shorter-axis level s, and
+    ``u = round((1 - v) * N / L**2)``), aligned cells the rest. Marginals are exact at every v
+    and Cramér's V is exactly ``1 - u * L**2 / N``. N is ``pool_size`` rounded down to a multiple
+    of ``L**2``, which makes V = 0 exact.
+    """
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"Cramér's V must lie in [0, 1], got {v}")
+    long, short = max(n_confounders, n_classes), min(n_confounders, n_classes)
+    if pool_size < long**2:
+        raise ValueError(f"pool_size must be at least max(#confounders, #classes)^2 = {long**2}, got {pool_size}")
+    per_long = pool_size // long**2 * long  # rows per level of the longer axis
+    aligned_to = np.arange(long) % short
+    n_aligned = np.bincount(aligned_to, minlength=short)
+    u = int(round((1.0 - v) * per_long / long))
+    table = np.tile(n_aligned * u, (long, 1))
+    table[np.arange(long), aligned_to] = per_long - (long - n_aligned[aligned_to]) * u
+    return table if n_confounders >= n_classes else table.T
+
+
+def _accuracy_matrix(accuracies: ArrayLike) -> np.ndarray:
+    acc = np.asarray(accuracies, dtype=float)
+    if acc.ndim != 2 or acc.shape[0] < 2 or acc.shape[1] < 1:
+        raise ValueError(f"accuracies must be (n_v >= 2, n_runs >= 1), got shape {acc.shape}")
+    if not np.isfinite(acc).all():
+        raise ValueError("accuracies must be finite")
+    return acc
+
+
+def apd(accuracies: ArrayLike) -> float:
+    """PathoROB's average performance drop: mean over runs of mean_{V>0} acc(V)/acc(0), minus 1."""
+    acc = _accuracy_matrix(accuracies)
+    if not (acc[0] > 0).all():
+        raise ValueError("every run's baseline accuracy (row 0) must be positive")
+    return float(np.mean((acc[1:] / acc[0]).mean(axis=0) - 1.0))
+
+
+def nipd(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float) -> float:
+    """Normalised integrated performance degradation: the trapezoid area over V in [0, 1] of
+    ``g(V) = (acc(V) - acc(0)) / (acc(0) - chance)``, acc averaged over runs first."""
+    acc = _accuracy_matrix(accuracies)
+    v = np.asarray(cramers_v_values, dtype=float)
+    if v.shape != (len(acc),) or not np.all(np.diff(v) > 0) or not (np.isclose(v[0], 0) and np.isclose(v[-1], 1)):
+        raise ValueError("cramers_v must hold one strictly increasing value per row, from 0 to 1")
+    if not 0.0 <= chance < 1.0:
+        raise ValueError(f"chance must lie in [0, 1), got {chance}")
+    mean = acc.mean(axis=1)
+    if mean[0] <= chance:
+        raise ValueError(f"baseline accuracy {mean[0]} is not above chance {chance}")
+    return float(trapezoid((mean - mean[0]) / (mean[0] - chance), v))
+
+
+def _fit_probe(x_train, y_train, x_val, y_val, c_grid: Sequence[float]) -> LogisticRegression:
+    """Logistic regression with C chosen by validation balanced accuracy, refitted on training."""
+    best_c, best_score = c_grid[0], -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for c in c_grid:
+            score = balanced_accuracy(y_val, LogisticRegression(C=c, random_state=0).fit(x_train, y_train).predict(x_val))
+            if score > best_score:
+                best_c, best_score = c, score
+        return LogisticRegression(C=best_c, random_state=0).fit(x_train, y_train)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which rows the sweep trains and tests on. ``classes``: class code per row (order of first
+    appearance among training rows; -1 for classes no training confounder has); ``cells``:
+    confounder x class cell per training-confounder row (-1 elsewhere)."""
+
+    classes: np.ndarray
+    cells: np.ndarray
+    levels: list[object]
+    class_names: list[object]
+    held_out_rows: np.ndarray
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.levels) * len(self.class_names)
+
+
+def _layout(biology: ArrayLike, confounder: ArrayLike, n: int, train_confounders: Sequence[object] | None) -> _Layout:
+    conf, bio = np.asarray(confounder), np.asarray(biology)
+    for name, values in (("biology", bio), ("confounder", conf)):
+        if values.ndim != 1 or len(values) != n:
+            raise ValueError(f"{name} must be a 1-D array with one entry per sample ({n}), got shape {values.shape}")
+    present = list(dict.fromkeys(conf.tolist()))
+    levels = present if train_confounders is None else list(train_confounders)
+    unknown = [level for level in levels if level not in present]
+    if unknown:
+        raise ValueError(f"train_confounders {unknown} do not occur in confounder")
+    in_train = np.isin(conf, levels)
+    class_names = list(dict.fromkeys(bio[in_train].tolist()))
+    classes = np.array([class_names.index(b) if b in class_names else -1 for b in bio.tolist()])
+    conf_code = np.array([levels.index(c) if t else -1 for c, t in zip(conf.tolist(), in_train)])
+    cells = np.where(in_train, conf_code * len(class_names) + classes, -1)
+    return _Layout(classes, cells, levels, class_names, np.flatnonzero(~in_train & (classes >= 0)))
+
+
+def _cell_orders(cells: np.ndarray, groups: np.ndarray, rng: np.random.Generator, n_cells: int) -> list[np.ndarray]:
+    """Per cell, its rows ordered by a random group order (group rows contiguous, shuffled within)."""
+    group_rank = rng.permutation(int(groups.max()) + 1)[groups]
+    order = np.lexsort((rng.random(len(cells)), group_rank))
+    return [order[cells[order] == cell] for cell in range(n_cells)]
+
+
+def _in_domain_test(cells: np.ndarray, rows: np.ndarray, rng: np.random.Generator, n_cells: int) -> np.ndarray:
+    """Equal numbers of rows from every cell (the smallest cell's count), drawn at random."""
+    per_cell = [rows[cells[rows] == cell] for cell in range(n_cells)]
+    size = min(len(p) for p in per_cell)
+    if size == 0:
+        raise ValueError("some confounder x class cell has no in-domain test rows; raise test_fraction")
+    return np.concatenate([rng.choice(p, size, replace=False) for p in per_cell])
+
+
+def _check_pool(orders: list[np.ndarray], largest: np.ndarray, layout: _Layout) -> None:
+    """Raise when a cell has fewer non-test rows than the sweep's largest request for it."""
+    n_classes = len(layout.class_names)
+    for cell, (order, count) in enumerate(zip(orders, largest)):
+        if count > len(order):
+            raise ValueError(
+                f"confounder {layout.levels[cell // n_classes]!r} x biology {layout.class_names[cell % n_classes]!r} "
+                f"needs {count} training-pool rows but has {len(order)} outside the test groups; lower pool_size"
+            )
+
+
+def _pool_rows(orders: list[np.ndarray], counts: np.ndarray, validation_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Training and validation rows: each cell's first ``count`` rows, the last share of them validation."""
+    train, val = [], []
+    for order, count in zip(orders, counts):
+        n_val = int(round(validation_fraction * count))
+        train.append(order[: count - n_val])
+        val.append(order[count - n_val : count])
+    return np.concatenate(train), np.concatenate(val)
+
+
+def _run(x: np.ndarray, groups: np.ndarray, layout: _Layout, tables: tuple[np.ndarray, ...], rng: np.random.Generator,
+         validation_fraction: float, test_fraction: float, c_grid: Sequence[float]) -> tuple[list[float], list[float]]:
+    """One resampling run: in-domain and held-out balanced accuracy at every table."""
+    y, cells = layout.classes, layout.cells
+    train_groups = np.unique(groups[cells >= 0])
+    test_groups = rng.choice(train_groups, int(np.ceil(test_fraction * len(train_groups))), replace=False)
+    is_test = (cells >= 0) & np.isin(groups, test_groups)
+    test_rows = _in_domain_test(cells, np.flatnonzero(is_test), rng, layout.n_cells)
+    orders = _cell_orders(np.where(is_test, -1, cells), groups, rng, layout.n_cells)
+    _check_pool(orders, np.max(tables, axis=0).ravel(), layout)
+    in_domain, held_out = [], []
+    for table in tables:
+        train, val = _pool_rows(orders, table.ravel(), validation_fraction)
+        probe = _fit_probe(x[train], y[train], x[val], y[val], c_grid)
+        in_domain.append(balanced_accuracy(y[test_rows], probe.predict(x[test_rows])))
+        if layout.held_out_rows.size:
+            rows = layout.held_out_rows
+            held_out.append(balanced_accuracy(y[rows], probe.predict(x[rows])))
+    return in_domain, held_out
+
+
+def shortcut_sweep(
+    features: ArrayLike,
+    biology: ArrayLike,
+    confounder: ArrayLike,
+    group: ArrayLike,
+    *,
+    pool_size: int,
+    train_confounders: Sequence[object] | None = None,
+    cramers_v_grid: Sequence[float] = CRAMERS_V_GRID,
+    n_runs: int = 20,
+    validation_fraction: float = 0.1,
+    test_fraction: float = 0.3,
+    c_grid: Sequence[float] = C_GRID,
+    seed: int = 0,
+) -> ShortcutSweep:
+    """Run the confounder-biased probe sweep on raw features (see the module docstring).
+
+    ``train_confounders``: the confounder levels the probe trains on (default all, leaving no
+    held-out evaluation); the classes are those present in them, and held-out rows of other
+    classes are not scored. ``pool_size``: training + validation rows at every V (rounded down to a
+    multiple of max(#train confounders, #classes)^2, see :func:`composition`).
+    """
+    x = check_features(features)
+    check_at_least_one("n_runs", n_runs)
+    if not 0.0 <= validation_fraction < 1.0 or not 0.0 < test_fraction < 1.0:
+        raise ValueError("validation_fraction must lie in [0, 1) and test_fraction in (0, 1)")
+    groups = encode("group", group, len(x))
+    layout = _layout(biology, confounder, len(x), train_confounders)
+    n_classes = len(layout.class_names)
+    tables = tuple(composition(len(layout.levels), n_classes, pool_size, float(v)) for v in cramers_v_grid)
+    realised = np.array([cramers_v(t) for t in tables])
+    if not np.all(np.diff(realised) > 0):
+        raise ValueError(f"pool size {pool_size} is too small to realise distinct Cramér's V values {realised.round(3)}")
+    runs = [_run(x, groups, layout, tables, np.random.default_rng([seed, run]), validation_fraction, test_fraction,
+                 c_grid) for run in range(n_runs)]
+    return ShortcutSweep(
+        cramers_v=realised, tables=tables, in_domain=np.array([r[0] for r in runs]).T,
+        held_out=np.array([r[1] for r in runs]).T if layout.held_out_rows.size else None, chance=1.0 / n_classes,
+    )
