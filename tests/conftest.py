@@ -61,3 +61,22 @@ def tiny_panel(tmp_path_factory) -> dict:
     summary = run_annotate(params, data_dir, reports_dir)
     return {"params": params, "data_dir": data_dir, "reports_dir": reports_dir, "sections": index,
             "labels": summary}
+
+
+@pytest.fixture(scope="session")
+def tiny_features(tiny_panel, tmp_path_factory) -> dict:
+    """The tiny panel with its panels table and filterbank-dense 10× features, in a private folder.
+
+    Keys: root, data_dir, params (the tiny panel's).
+    """
+    import shutil
+
+    from cellpath.stages import run_concordance, run_extract
+
+    root = tmp_path_factory.mktemp("features")
+    data_dir = root / "data"
+    for sub in ("raw", "sections", "labels"):
+        shutil.copytree(tiny_panel["data_dir"] / sub, data_dir / sub)
+    run_concordance(tiny_panel["params"], data_dir, root / "reports")
+    run_extract(tiny_panel["params"], data_dir, "filterbank-dense", "10x")
+    return {"root": root, "data_dir": data_dir, "params": tiny_panel["params"]}

@@ -24,7 +24,7 @@ from conftest import PROJECT_ROOT
 pytestmark = pytest.mark.slow
 
 TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
-STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe"}
+STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe", "robustness"}
 
 
 def _env() -> dict[str, str]:
@@ -70,6 +70,8 @@ def repo(tmp_path_factory) -> dict[str, Path]:
     params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
                            min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
                            max_iter=20)
+    params["robustness"].update(magnifications=["10x"], taxonomies=["coarse"], readouts=["Nuc"], group="tile",
+                                shortcut={"enabled": False})
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q", "-b", "main"], work)
     _run(["git", "config", "user.email", "test@example.com"], work)
@@ -103,6 +105,8 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert set(runs["protocol"]) == {"is", "mocv", "looo"}  # IOCD: no organ has two sections
     assert (runs["status"] == "ok").sum() > 0
     assert (work / "mlflow.db").is_file()  # the default tracking URI, relative to the project root
+    robustness = pd.read_csv(work / "reports" / "robustness" / "summary.csv")
+    assert len(robustness) == 1 and robustness["croma_median"].between(-1, 1).all()
     assert "probe_runs.parquet" in (work / "reports" / ".gitignore").read_text()  # tracked by DVC
     ignored = (work / "data" / ".gitignore").read_text()
     assert "/raw" in ignored and "/sections" in ignored  # data are tracked by DVC, not git
@@ -156,6 +160,7 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     work = repo["work"]
     out = _run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
     assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
+    assert "Running stage 'robustness'" not in out  # the protocol is not one of its parameters
     runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
     assert set(runs["protocol"]) == {"mocv"}
     show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=_env(), capture_output=True, text=True,

@@ -28,17 +28,8 @@ def _params(base, tmp_path, **top):
 
 
 @pytest.fixture(scope="module")
-def probe_data(tiny_panel, tmp_path_factory):
-    """The tiny panel with panels and filterbank-dense 10× features, in a private folder."""
-    from cellpath.stages import run_concordance, run_extract
-
-    root = tmp_path_factory.mktemp("probe")
-    data_dir = root / "data"
-    for sub in ("raw", "sections", "labels"):
-        shutil.copytree(tiny_panel["data_dir"] / sub, data_dir / sub)
-    run_concordance(tiny_panel["params"], data_dir, root / "reports")
-    run_extract(tiny_panel["params"], data_dir, "filterbank-dense", "10x")
-    return {"root": root, "data_dir": data_dir, "params": tiny_panel["params"]}
+def probe_data(tiny_features):
+    return tiny_features
 
 
 @pytest.fixture(scope="module")

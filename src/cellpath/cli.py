@@ -31,7 +31,7 @@ def _configure_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietThirdParty())
-    for noisy in ("tiatoolbox", "numba", "fsspec", "h5py", "PIL", "matplotlib", "urllib3", "asyncio"):
+    for noisy in ("tiatoolbox", "numba", "fsspec", "h5py", "PIL", "matplotlib", "urllib3", "asyncio", "faiss"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -82,6 +82,13 @@ def _probe(args: argparse.Namespace) -> None:
     run_probe_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _robustness(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.robustness_stage import run_robustness_stage
+
+    run_robustness_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
 
@@ -96,6 +103,7 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "concordance": (_concordance, "H&E nuclei (CellViT++ or the built-in detector) vs Xenium labels: AGR-BAcc, ranking, panels"),
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
+    "robustness": (_robustness, "CRoMa, F(0), LTM, RI, MaRI, k-NN probes and the shortcut probe (APD, nIPD) per encoder"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
 }
 

@@ -181,6 +181,35 @@ class ProbeConfig(_Strict):
         return self
 
 
+class ShortcutConfig(_Strict):
+    """The confounder-biased shortcut probe (APD, nIPD) on one readout and taxonomy per encoder."""
+
+    enabled: bool = True
+    readout: ReadoutName = "Nuc"
+    taxonomy: TaxonomyName = "coarse"
+    confounder: Literal["organ", "section_id"] = "organ"  # its levels are split into trained and held out
+    held_out: Annotated[int, Field(ge=0)] = 1               # confounder levels never trained on
+    pool_size: Annotated[int, Field(ge=4)] = 600            # training + validation cells at every V
+    n_runs: Annotated[int, Field(ge=1, le=100)] = 3         # resampling runs (paper: 20)
+
+
+class RobustnessConfig(_Strict):
+    """CRoMa, F(0), LTM, RI, MaRI and k-NN probes per encoder (the ``robustness`` stage)."""
+
+    taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
+    readouts: Annotated[list[ReadoutName], Field(min_length=1)] = ["Nuc", "Mean"]
+    magnifications: list[Literal["40x", "20x", "10x"]] | None = None  # None: every extract.magnifications
+    confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch a cell came from
+    scopes: Annotated[list[Literal["panel", "organ"]], Field(min_length=1)] = ["panel"]  # organ: within each organ
+    group: Literal["patch", "tile"] = "patch"  # never a neighbour of itself: the encoder patch, or a spatial tile
+    tile_um: Annotated[float, Field(gt=0.0, le=10_000.0)] = 56.0  # tile side when group is "tile"
+    m: Annotated[int, Field(ge=1, le=100)] = 5       # typed neighbours averaged per CRoMa margin
+    alpha: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10  # LTM tail fraction
+    k: Annotated[int, Field(ge=1)] | None = None     # None: the paper's k selection (lower median of per-model k*)
+    low_margin_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10
+    shortcut: ShortcutConfig = ShortcutConfig()
+
+
 class MlflowConfig(_Strict):
     """Where probe and robustness results are tracked. Relative paths are from the project root."""
 
@@ -203,6 +232,7 @@ class Params(_Strict):
     extract: ExtractConfig = ExtractConfig()
     protocol: Literal["all", "is", "iocd", "mocv", "looo"] = "all"
     probe: ProbeConfig = ProbeConfig()
+    robustness: RobustnessConfig = RobustnessConfig()
     mlflow: MlflowConfig = MlflowConfig()
 
     @property

@@ -95,7 +95,8 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
                                  int((frame["status"] == "ok").sum()), time.perf_counter() - fit_started)
                         for protocol, part in frame.groupby("protocol", sort=False):
                             tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy} {protocol}",
-                                              condition_params(part, params), condition_metrics(part), part)
+                                              condition_params(part, params), condition_metrics(part),
+                                              {"probe_runs.json": part})
         runs_table = pd.concat(frames, ignore_index=True)
         summaries = summarise(runs_table, magnifications)
         counts = run_counts(runs_table, unavailable)

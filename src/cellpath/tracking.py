@@ -115,37 +115,49 @@ class Tracker:
         finally:
             self.seconds += time.perf_counter() - started
 
-    def log_child(self, name: str, params: dict, metrics: dict[str, float], table: pd.DataFrame | None = None,
-                  table_name: str = "probe_runs.json") -> None:
-        """Queue one child run under the parent: params, finite metrics and (optionally) a table."""
+    def log_child(self, name: str, params: dict, metrics: dict[str, float],
+                  tables: dict[str, pd.DataFrame] | None = None) -> None:
+        """Queue one child run under the parent: params, finite metrics and tables as artifacts.
+
+        A table named ``*.json`` is written as MLflow's logged-table JSON (listed as a table in the
+        UI); ``*.parquet`` as a Parquet file.
+        """
         if not self.enabled:
             return
         with self._timed():
-            self._pending.append(self._worker.submit(self._write_child, name, dict(params), dict(metrics),
-                                                     None if table is None else table.copy(), table_name))
+            copies = {file: frame.copy() for file, frame in (tables or {}).items()}
+            self._pending.append(self._worker.submit(self._write_child, name, dict(params), dict(metrics), copies))
 
-    def _write_child(self, name: str, params: dict, metrics: dict[str, float], table: pd.DataFrame | None,
-                     table_name: str) -> None:
+    def _write_child(self, name: str, params: dict, metrics: dict[str, float], tables: dict[str, pd.DataFrame]) -> None:
         import tempfile
 
         from mlflow.entities import Metric, Param
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
         started = time.perf_counter()
         tags = self._tags | {"mlflow.parentRunId": self.parent_run_id, "cellpath.condition": name}
-        if table is not None:  # what MLflow's log_table records, so the UI lists it as a table
-            tags["mlflow.loggedArtifacts"] = json.dumps([{"path": table_name, "type": "table"}])
-        run_id = self._client.create_run(self._experiment_id, run_name=name, tags=tags).info.run_id
+        json_tables = [file for file in tables if file.endswith(".json")]
+        if json_tables:  # what MLflow's log_table records, so the UI lists them as tables
+            tags["mlflow.loggedArtifacts"] = json.dumps([{"path": file, "type": "table"} for file in json_tables])
+        run = self._client.create_run(self._experiment_id, run_name=name, tags=tags)
+        run_id = run.info.run_id
         now = int(time.time() * 1000)
         metric_list = [Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)]
         param_list = [Param(k, str(v)) for k, v in params.items()]
         for start in range(0, max(len(metric_list), 1), 1000):  # MLflow's batch limit
             self._client.log_batch(run_id, metrics=metric_list[start:start + 1000],
                                    params=param_list if start == 0 else [])
-        if table is not None:
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / table_name
-                path.write_text(table.to_json(orient="split", index=False))
-                self._client.log_artifact(run_id, str(path))
+        # The run's artifact repository straight from its URI: MlflowClient.log_artifact would look
+        # the run up again for every file.
+        repository = get_artifact_repository(run.info.artifact_uri)
+        with tempfile.TemporaryDirectory() as folder:
+            for file, frame in tables.items():
+                path = Path(folder) / file
+                if file.endswith(".json"):
+                    path.write_text(frame.to_json(orient="split", index=False))
+                else:
+                    frame.to_parquet(path, index=False)
+                repository.log_artifact(str(path))
         self._client.set_terminated(run_id)
         self.children += 1
         self.busy_seconds += time.perf_counter() - started

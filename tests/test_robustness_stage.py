@@ -1,0 +1,116 @@
+"""The robustness stage on the tiny simulated panel: summaries, margins, enrichment, shortcut, MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cellpath.config import parse_params
+from cellpath.robustness_stage import cell_groups, run_robustness_stage, scoring_units
+
+
+def _params(base, tmp_path, **robustness):
+    data = base.model_dump(mode="json")
+    data["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
+    # Tiles of 40 µm as groups: at 10× the tiny sections hold only 3-4 encoder patches each, too few
+    # for the shortcut probe's in-domain test groups.
+    data["robustness"] = {"taxonomies": ["coarse"], "readouts": ["Nuc", "Mean"], "scopes": ["panel", "organ"],
+                          "group": "tile", "tile_um": 40.0,
+                          "shortcut": {"confounder": "section_id", "held_out": 0, "pool_size": 90, "n_runs": 2,
+                                       "taxonomy": "coarse"}} | robustness
+    data["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "art"),
+                      "experiment": "rob"}
+    return parse_params(data)
+
+
+@pytest.fixture(scope="module")
+def stage(tiny_features, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("robustness")
+    params = _params(tiny_features["params"], tmp)
+    summary = run_robustness_stage(params, tiny_features["data_dir"], tmp / "reports", root=tmp)
+    return {"summary": summary, "reports": tmp / "reports", "tmp": tmp, "params": params}
+
+
+def test_summary_rows_per_condition_and_unit(stage):
+    summary = stage["summary"]
+    # panel scope: one unit; organ scope: only Breast has two sections (the confounder needs two levels).
+    assert sorted(zip(summary["readout"], summary["scope"], summary["unit"])) == [
+        ("Mean", "organ", "Breast"), ("Mean", "panel", "panel"), ("Nuc", "organ", "Breast"), ("Nuc", "panel", "panel")]
+    for column in ("croma_median", "f0", "ltm", "ri", "mari", "bio_bacc", "conf_bacc"):
+        assert summary[column].notna().all()
+    assert ((summary["f0"] >= 0) & (summary["f0"] <= 1)).all()
+    assert (summary["ltm"] <= summary["croma_median"]).all()
+    assert (summary["k"] >= 1).all()
+    on_disk = pd.read_csv(stage["reports"] / "robustness" / "summary.csv")
+    assert len(on_disk) == len(summary)
+
+
+def test_margins_cover_every_cell_and_undefined_ones_are_counted(stage, tiny_features):
+    margins = pd.read_parquet(stage["reports"] / "robustness" / "margins.parquet")
+    summary = stage["summary"].set_index(["readout", "scope", "unit"])
+    for (readout, scope, unit), part in margins.groupby(["readout", "scope", "unit"]):
+        row = summary.loc[(readout, scope, unit)]
+        assert len(part) == row["n_samples"]
+        assert int(part["margin"].isna().sum()) == row["n_undefined"]
+        assert np.nanmedian(part["margin"]) == pytest.approx(row["croma_median"], abs=1e-9)
+    assert margins["margin"].dropna().between(-1, 1).all()
+
+
+def test_low_margin_enrichment_and_shortcut(stage):
+    reports = stage["reports"] / "robustness"
+    enrichment = pd.read_csv(reports / "low_margin_enrichment.csv")
+    assert set(enrichment["column"]) == {"cell_type", "organ", "section_id"}
+    for _, part in enrichment.groupby(["readout", "scope", "unit", "column"]):
+        assert part["share_low"].sum() == pytest.approx(1.0)
+    shortcut = pd.read_csv(reports / "shortcut_summary.csv")
+    assert set(shortcut["setting"]) == {"in_domain"}  # three sections: too few to hold one out here
+    assert shortcut["nipd"].notna().all()
+    curves = pd.read_csv(reports / "shortcut.csv")
+    assert sorted(curves["cramers_v"].round(1).unique())[0] == 0.0
+    metrics = json.loads((stage["reports"] / "robustness_metrics.json").read_text())
+    assert metrics["magnification"] == "10x" and "filterbank-dense" in metrics
+
+
+def test_conditions_are_logged_to_mlflow_with_margins(stage):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{stage['tmp']}/mlflow.db")
+    experiment = client.get_experiment_by_name("rob")
+    runs = client.search_runs([experiment.experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == len(stage["summary"])
+    artifacts = [a.path for a in client.list_artifacts(children[0].info.run_id)]
+    assert artifacts == ["margins.parquet"]
+    assert "croma_median" in children[0].data.metrics
+
+
+def test_patch_groups_match_the_extraction_tiling(tiny_features):
+    from cellpath.encoders.registry import load_registry
+    from cellpath.panel_cells import load_panel_cells
+    from conftest import PROJECT_ROOT
+
+    spec = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["filterbank-dense"]
+    params = _params(tiny_features["params"], tiny_features["root"], group="patch")
+    panel = load_panel_cells(tiny_features["data_dir"], params.panel)
+    groups = cell_groups(tiny_features["data_dir"], panel, spec, "10x", params.robustness)
+    sidecar = json.loads((tiny_features["data_dir"] / "features" / "filterbank-dense" / "10x" / "breast_a"
+                          / "sidecar.json").read_text())
+    in_breast_a = panel.cells["section_id"].to_numpy() == "breast_a"
+    assert len(set(groups[in_breast_a])) <= sidecar["n_patches"]
+    assert all(g.startswith("breast_a:") for g in groups[in_breast_a])
+    # Cells sharing a patch share its Mean readout exactly: the reason a patch is a group.
+    from cellpath.panel_cells import load_base_readouts
+
+    mean = load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel)["Mean"]
+    first = groups[0]
+    same = np.flatnonzero(groups == first)
+    assert len(same) > 1 and np.allclose(mean[same], mean[same[0]])
+
+
+def test_organ_scope_needs_two_confounder_levels():
+    cells = pd.DataFrame({"organ": ["A", "A", "B", "B"], "section_id": ["a1", "a2", "b1", "b1"]})
+    assert [name for name, _ in scoring_units(cells, "organ", "section_id")] == ["A"]
+    assert [name for name, _ in scoring_units(cells, "panel", "section_id")] == ["panel"]
