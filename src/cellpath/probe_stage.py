@@ -93,10 +93,9 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
                         frames.append(frame)
                         log.info("probe %s %s %s %s: %d runs in %.1f s", spec.name, magnification, readout, taxonomy,
                                  int((frame["status"] == "ok").sum()), time.perf_counter() - fit_started)
-                        for protocol, part in frame.groupby("protocol", sort=False):
-                            tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy} {protocol}",
-                                              condition_params(part, params), condition_metrics(part),
-                                              {"probe_runs.json": part})
+                        tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy}",
+                                          condition_params(frame, params), condition_metrics(frame),
+                                          {"probe_runs.json": frame})
         runs_table = pd.concat(frames, ignore_index=True)
         summaries = summarise(runs_table, magnifications)
         counts = run_counts(runs_table, unavailable)
@@ -120,28 +119,35 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
     return runs_table
 
 
-def condition_params(part: pd.DataFrame, params: Params) -> dict:
-    first = part.iloc[0]
+def condition_params(frame: pd.DataFrame, params: Params) -> dict:
+    """MLflow params of one (model, magnification, readout, taxonomy) child run."""
+    first = frame.iloc[0]
+    taxonomy = first["taxonomy"]
     return {"model": first["model"], "magnification": first["magnification"], "readout": first["readout"],
-            "taxonomy": first["taxonomy"], "protocol": first["protocol"], "panel": params.panel,
-            "seeds": params.probe.seeds[first["protocol"]],
-            "min_train_cells": getattr(params.probe.min_train_cells, first["taxonomy"]),
-            "min_test_cells": getattr(params.probe.min_test_cells, first["taxonomy"])}
+            "taxonomy": taxonomy, "protocols": ",".join(frame["protocol"].unique()), "panel": params.panel,
+            "seeds": json.dumps({p: params.probe.seeds[p] for p in frame["protocol"].unique()}),
+            "min_train_cells": getattr(params.probe.min_train_cells, taxonomy),
+            "min_test_cells": getattr(params.probe.min_test_cells, taxonomy)}
 
 
-def condition_metrics(part: pd.DataFrame) -> dict[str, float]:
-    """A condition's balanced summary, run counts and seed-averaged Macro-F1 per unit (the rows hold the rest)."""
+def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
+    """Per protocol: balanced summary, run counts and seed-averaged Macro-F1 per unit (the rows hold the rest).
+
+    Keys are ``<protocol>/<name>``, e.g. ``mocv/macro_f1_mean`` or ``is/unit/<section>/macro_f1``.
+    """
     from cellpath.stats import protocol_summary, unit_scores
 
-    metrics: dict[str, float] = {"runs_ok": float((part["status"] == "ok").sum()),
-                                 "runs_skipped": float((part["status"] == "skipped").sum())}
-    for metric in METRICS:
-        summary = protocol_summary(part, metric)
-        if len(summary):
-            metrics[f"{metric}_mean"] = float(summary["mean"].iloc[0])
-            metrics[f"{metric}_sd"] = float(summary["sd"].iloc[0])
-    for row in unit_scores(part, "macro_f1").itertuples():
-        metrics[metric_key("unit", row.unit, "macro_f1")] = float(row.score)
+    metrics: dict[str, float] = {}
+    for protocol, part in frame.groupby("protocol", sort=False):
+        metrics[f"{protocol}/runs_ok"] = float((part["status"] == "ok").sum())
+        metrics[f"{protocol}/runs_skipped"] = float((part["status"] == "skipped").sum())
+        for metric in METRICS:
+            summary = protocol_summary(part, metric)
+            if len(summary):
+                metrics[f"{protocol}/{metric}_mean"] = float(summary["mean"].iloc[0])
+                metrics[f"{protocol}/{metric}_sd"] = float(summary["sd"].iloc[0])
+        for row in unit_scores(part, "macro_f1").itertuples():
+            metrics[metric_key(protocol, "unit", row.unit, "macro_f1")] = float(row.score)
     return metrics
 
 

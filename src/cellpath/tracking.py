@@ -1,9 +1,10 @@
 """MLflow tracking of a pipeline run: one parent run per stage execution, one child run per condition.
 
-A condition is (model, magnification, readout, taxonomy, protocol) for the probe stage. Each child
-run holds the condition as params, its summary and per-unit scores as metrics, and its probe rows
-as a logged table (``probe_runs.json``), so every probe run is retrievable from MLflow while the
-number of MLflow runs stays in the hundreds, not the hundreds of thousands. Runs are tagged with
+A condition is (model, magnification, readout, taxonomy) for the probe stage, its protocols
+inside. Each child run holds the condition as params, per protocol its summary and per-unit
+scores as metrics, and its probe rows as a logged table (``probe_runs.json``), so every probe run
+is retrievable from MLflow while the number of MLflow runs stays in the thousands at the paper's
+scale (30 models × 3 magnifications × 7 readouts × 2 taxonomies = 1,260), not 304,920. Runs are tagged with
 the git commit, the DVC experiment name (``DVC_EXP_NAME`` during ``dvc exp run``) and a digest of
 each dvc.lock stage entry. Logging goes through ``MlflowClient`` batches; the time spent in it is
 measured (``seconds``) so the stage can report logging overhead.
