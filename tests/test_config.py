@@ -111,3 +111,13 @@ def test_panel_must_be_one_that_concordance_builds():
     data["panel"] = "S8"
     with pytest.raises(ConfigError, match="distinct and increasing"):
         parse_params(data)
+
+
+def test_stage_magnifications_must_be_extracted():
+    from conftest import tiny_params
+
+    data = tiny_params().model_dump(mode="json")
+    data["extract"]["magnifications"] = ["20x"]
+    data["robustness"]["magnifications"] = ["40x"]
+    with pytest.raises(ConfigError, match=r"robustness.magnifications: 40x not in extract.magnifications \(20x\)"):
+        parse_params(data)

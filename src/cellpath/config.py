@@ -240,6 +240,19 @@ class Params(_Strict):
         """The protocols the probe stage runs (``protocol: all`` → all four, in the paper's order)."""
         return ("is", "iocd", "mocv", "looo") if self.protocol == "all" else (self.protocol,)
 
+    def stage_magnifications(self, chosen: list[str] | None) -> list[str]:
+        """A stage's magnifications: ``chosen`` (validated ⊆ extract.magnifications) or all extracted."""
+        return list(chosen or self.extract.magnifications)
+
+    @model_validator(mode="after")
+    def _stage_magnifications_are_extracted(self) -> "Params":
+        for stage, chosen in (("probe", self.probe.magnifications), ("robustness", self.robustness.magnifications)):
+            missing = [m for m in chosen or [] if m not in self.extract.magnifications]
+            if missing:
+                raise ValueError(f"{stage}.magnifications: {', '.join(missing)} not in extract.magnifications "
+                                 f"({', '.join(self.extract.magnifications)})")
+        return self
+
     @model_validator(mode="after")
     def _panel_is_built(self) -> "Params":
         built = [f"S{size}" for size in self.concordance.panel_sizes]

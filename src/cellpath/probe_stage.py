@@ -55,10 +55,7 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
     """probe: fit and score every run, write the run table, summaries and metrics, log to MLflow."""
     started = time.perf_counter()
     cfg = params.probe
-    magnifications = list(cfg.magnifications or params.extract.magnifications)
-    missing = [m for m in magnifications if m not in params.extract.magnifications]
-    if missing:
-        raise ConfigError(f"probe.magnifications: {', '.join(missing)} not in extract.magnifications")
+    magnifications = params.stage_magnifications(cfg.magnifications)
     encoders = evaluated_encoders(params)
     if cfg.torch_threads:
         import torch

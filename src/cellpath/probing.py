@@ -8,7 +8,6 @@ the gates is recorded with ``status = "skipped"`` and its reason, never dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,10 +92,6 @@ def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfi
     return runs
 
 
-def skipped_count(runs: list[PlannedRun]) -> int:
-    return sum(run.task is None for run in runs)
-
-
 def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cfg: ProbeConfig) -> pd.DataFrame:
     """Fit every planned run of one taxonomy on one feature matrix; one row per run (skipped ones too)."""
     taxonomy = runs[0].taxonomy
@@ -116,8 +111,3 @@ def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cf
         rows.append(row)
     return pd.DataFrame(rows)
 
-
-def iter_conditions(protocols: tuple[str, ...], taxonomies: list[str]) -> Iterator[tuple[str, str]]:
-    for taxonomy in taxonomies:
-        for protocol in protocols:
-            yield protocol, taxonomy

@@ -83,10 +83,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
 
     started = time.perf_counter()
     cfg = params.robustness
-    magnifications = list(cfg.magnifications or params.extract.magnifications)
-    missing = [m for m in magnifications if m not in params.extract.magnifications]
-    if missing:
-        raise ConfigError(f"robustness.magnifications: {', '.join(missing)} not in extract.magnifications")
+    magnifications = params.stage_magnifications(cfg.magnifications)
     encoders = evaluated_encoders(params)
     panel = load_panel_cells(data_dir, params.panel)
     cells = panel.cells
