@@ -79,7 +79,7 @@ def scoring_units(cells: pd.DataFrame, scope: str, confounder: str) -> list[tupl
 
 def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
     """robustness: score every (encoder, magnification, readout, taxonomy, scope, unit)."""
-    from cellpath.robustness import low_margin_enrichment, score_embeddings, shared_k
+    from cellpath.robustness import low_margin_enrichment
 
     started = time.perf_counter()
     cfg = params.robustness
@@ -105,8 +105,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
                         for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
                             condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
                                          "scope": scope, "unit": unit}
-                            scored = _score_models(usable, bases, groups, unit_rows, cells, condition, cfg,
-                                                   score_embeddings, shared_k)
+                            scored = _score_models(usable, bases, groups, unit_rows, cells, condition, cfg)
                             for spec, result in scored:
                                 summary = {"model": spec.name, **condition, **result.summary(),
                                            "k_selected": _own_k(result)}
@@ -121,7 +120,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
                                 tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy} {scope} {unit}",
                                                   {"model": spec.name, **condition, "m": cfg.m, "k": result.k,
                                                    "group": cfg.group, "confounder": cfg.confounder},
-                                                  {k: v for k, v in result.summary().items()},
+                                                  result.summary(),
                                                   {"margins.parquet": margins})
                                 log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f, "
                                          "RI %.3f, MaRI %.3f (k=%d; %d of %d margins undefined)", spec.name,
@@ -153,8 +152,11 @@ def _own_k(result) -> int:
     return int(select_k(result.bio_bacc_by_k, sorted(result.bio_bacc_by_k)))
 
 
-def _score_models(specs, bases, groups, unit_rows, cells, condition, cfg, score_embeddings, shared_k):
+def _score_models(specs: list[EncoderSpec], bases: dict[str, dict[str, np.ndarray]], groups: dict[str, np.ndarray],
+                  unit_rows: np.ndarray, cells: pd.DataFrame, condition: dict, cfg: RobustnessConfig) -> list[tuple]:
     """Score each model of one condition; RI/MaRI at the shared k unless ``robustness.k`` is set."""
+    from cellpath.robustness import score_embeddings, shared_k
+
     biology = cells[condition["taxonomy"]].to_numpy()[unit_rows]
     confounder = cells[cfg.confounder].to_numpy()[unit_rows]
     features = {s.slug: readout_matrix(bases[s.slug], condition["readout"])[unit_rows] for s in specs}
