@@ -218,6 +218,20 @@ def test_large_group_forces_requery_and_still_matches_croma(monkeypatch):
     assert abs(ours.ri - ri.value) < TOL and abs(ours.mari - mari.value) < TOL
 
 
+def test_anchor_subset_equals_the_same_rows_of_the_full_search():
+    x, bio, conf, group = _embedding(1200, seed=8)
+    unit = neighbours.l2_normalise(x)
+    anchors = np.random.default_rng(9).choice(len(x), 150, replace=False)
+    full_typed = neighbours.typed_neighbours(unit, bio, conf, group, 5)
+    sub_typed = neighbours.typed_neighbours(unit, bio, conf, group, 5, anchors=anchors)
+    np.testing.assert_array_equal(sub_typed.so, full_typed.so[anchors])
+    np.testing.assert_array_equal(sub_typed.os, full_typed.os[anchors])
+    full_knn = neighbours.knn_excluding_groups(unit, group, 11)
+    sub_knn = neighbours.knn_excluding_groups(unit, group, 11, anchors=anchors)
+    np.testing.assert_array_equal(sub_knn.index, full_knn.index[anchors])
+    np.testing.assert_array_equal(sub_knn.distance, full_knn.distance[anchors])
+
+
 def test_samples_without_typed_candidates_are_counted_not_dropped():
     x, bio, conf, group = _embedding(900, seed=5)
     bio = bio.copy()

@@ -133,13 +133,22 @@ def search_excluding_groups(
 
 
 def knn_excluding_groups(
-    unit: np.ndarray, groups: np.ndarray, k: int, chunk_size: int = DEFAULT_CHUNK_SIZE
+    unit: np.ndarray,
+    groups: np.ndarray,
+    k: int,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    anchors: np.ndarray | None = None,
 ) -> Neighbours:
     """The k nearest neighbours of every row of ``unit`` (L2-normalised float32) among all
-    rows of other groups, for RI, MaRI and the k-NN probes."""
+    rows of other groups, for RI, MaRI and the k-NN probes.
+
+    ``anchors`` (row positions) restricts the queries to those rows, searched against all rows;
+    the result's rows then follow ``anchors``.
+    """
+    queries = np.arange(len(unit)) if anchors is None else np.asarray(anchors)
     group_sizes = np.bincount(groups)
     distance, hits = search_excluding_groups(
-        _flat_index(unit), groups, unit, groups, k, group_sizes[groups], chunk_size
+        _flat_index(unit), groups, unit[queries], groups[queries], k, group_sizes[groups[queries]], chunk_size
     )
     return Neighbours(index=hits, distance=distance)
 
@@ -164,20 +173,25 @@ def typed_neighbours(
     groups: np.ndarray,
     m: int,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    anchors: np.ndarray | None = None,
 ) -> TypedNeighbours:
     """Distances to the m nearest SO and m nearest OS neighbours of every sample.
 
     Anchors are processed per (biology b, confounder c) block. Each block searches one flat index
     over its SO candidates (biology b, confounder != c) and one over its OS candidates
     (confounder c, biology != b), so an anchor scans only the candidates of the two types it needs.
+    ``anchors`` (row positions) restricts the anchors to those rows, still searched against all
+    candidates; the result's rows then follow ``anchors``.
     """
-    so = np.empty((len(unit), m))
-    os_ = np.empty((len(unit), m))
-    blocks = np.unique(np.stack([biology, confounder]), axis=1).T
+    anchor_rows = np.arange(len(unit)) if anchors is None else np.asarray(anchors)
+    so = np.empty((len(anchor_rows), m))
+    os_ = np.empty((len(anchor_rows), m))
+    blocks = np.unique(np.stack([biology[anchor_rows], confounder[anchor_rows]]), axis=1).T
     for b, c in blocks:
-        anchors = np.flatnonzero((biology == b) & (confounder == c))
+        in_block = np.flatnonzero((biology[anchor_rows] == b) & (confounder[anchor_rows] == c))
+        block_anchors = anchor_rows[in_block]
         so_candidates = np.flatnonzero((biology == b) & (confounder != c))
         os_candidates = np.flatnonzero((biology != b) & (confounder == c))
-        so[anchors] = _nearest_of_type(unit, groups, so_candidates, anchors, m, chunk_size)
-        os_[anchors] = _nearest_of_type(unit, groups, os_candidates, anchors, m, chunk_size)
+        so[in_block] = _nearest_of_type(unit, groups, so_candidates, block_anchors, m, chunk_size)
+        os_[in_block] = _nearest_of_type(unit, groups, os_candidates, block_anchors, m, chunk_size)
     return TypedNeighbours(so=so, os=os_)
