@@ -85,7 +85,11 @@ def test_metrics_json_and_summaries(all_protocols):
     nuc = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine") & (runs["status"] == "ok")]
     expected = protocol_summary(nuc, "macro_f1").set_index("protocol")["mean"]
     assert entry["is"]["nuc_macro_f1"] == pytest.approx(expected["is"], abs=1e-4)
-    for name in ("summary", "cra", "wins", "crt", "rank_agreement"):
+    from cellpath.stats import pooled_cell_representation_advantage
+
+    cra = pooled_cell_representation_advantage(runs[runs["status"] == "ok"], "macro_f1", "10x").set_index("model")
+    assert entry["cra_macro_f1"] == pytest.approx(cra.loc["filterbank-dense", "cra"], abs=1e-4)
+    for name in ("summary", "cra", "cra_pooled", "wins", "crt", "rank_agreement"):
         assert (reports / "probe" / f"{name}.csv").is_file()
     timing = json.loads((reports / "probe" / "timing.json").read_text())
     assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2  # readouts × taxonomies

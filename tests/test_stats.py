@@ -11,6 +11,7 @@ from cellpath.stats import (
     cell_representation_transferability,
     organ_level_scores,
     pairwise_wins,
+    pooled_cell_representation_advantage,
     protocol_summary,
     taxonomy_rank_agreement,
     win_counts,
@@ -43,6 +44,28 @@ def test_cra_golden():
     cra = cell_representation_advantage(_is_table(), "macro_f1")
     # Section diffs: a1 (0.2 + 0.0)/2 = 0.1, a2 (0.1 + 0.3)/2 = 0.2, b1 0 → organs 0.15, 0 → 0.075.
     assert cra["cra"].iloc[0] == pytest.approx(0.075)
+
+
+def test_pooled_cra_pools_taxonomies_within_organ_and_counts_wins():
+    fine = _is_table()
+    coarse = fine.assign(taxonomy="coarse", macro_f1=np.where(fine["readout"] == "Nuc", fine["macro_f1"] + 0.1,
+                                                             fine["macro_f1"]))
+    runs = pd.concat([fine, coarse], ignore_index=True)
+    # m1 differences (section, taxonomy): a1 0.1/0.2, a2 0.2/0.3 → organ A 0.2; b1 0.0/0.1 → organ B 0.05.
+    # m2 = m1 with Nuc lowered by 0.2 everywhere: every paired difference is 0.2 in m1's favour.
+    m2 = runs.assign(model="m2", macro_f1=np.where(runs["readout"] == "Nuc", runs["macro_f1"] - 0.2, runs["macro_f1"]))
+    extra = [_row(m, r, "is", s, "C", seed, v + (0.2 if r == "Nuc" and m == "m1" else 0), taxonomy=t)
+             for m in ("m1", "m2") for r in ("Nuc", "Mean") for s in ("c1", "c2", "c3") for t in ("fine", "coarse")
+             for seed, v in enumerate([0.5, 0.5])]
+    table = pooled_cell_representation_advantage(pd.concat([runs, m2, pd.DataFrame(extra)], ignore_index=True),
+                                                 "macro_f1", "20x").set_index("model")
+    # organ C: m1 0.2, m2 0.0 → m1: (0.2 + 0.05 + 0.2) / 3 = 0.15; m2: (0.0 − 0.15 + 0.0) / 3 = −0.05.
+    assert table.loc["m1", "cra"] == pytest.approx(0.15)
+    assert table.loc["m2", "cra"] == pytest.approx(-0.05)
+    assert table.loc["m1", "sd"] == pytest.approx(np.std([0.2, 0.05, 0.2], ddof=1))
+    assert table.loc["m1", "n_organs"] == 3
+    # 12 paired (section, taxonomy) units, all favouring m1 by 0.2: p = 2^-11 < 0.05.
+    assert (table.loc["m1", "wins"], table.loc["m2", "wins"]) == (1, 0)
 
 
 def test_iocd_averages_held_out_sections_within_organ_and_mocv_keeps_folds():

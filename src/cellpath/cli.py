@@ -89,11 +89,29 @@ def _robustness(args: argparse.Namespace) -> None:
     run_robustness_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _report(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.report_stage import run_report_stage
+
+    run_report_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
 
     params = load_params(args.params)
     print(f"{args.params}: valid (source={params.source}, {len(params.synthetic.sections)} simulated sections)")
+
+
+def _plan(args: argparse.Namespace) -> None:
+    import json
+
+    from cellpath.config import load_params
+    from cellpath.plan import build_plan, render
+
+    plan = build_plan(load_params(args.params), Path(args.data_dir), Path(args.reports_dir),
+                      Path(args.benchmarks_dir), preset=args.preset)
+    print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 
 STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
@@ -104,7 +122,9 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
     "robustness": (_robustness, "CRoMa, F(0), LTM, RI, MaRI, k-NN probes and the shortcut probe (APD, nIPD) per encoder"),
+    "report": (_report, "the HTML report (reports/index.html), its tables (CSV, Markdown) and figures"),
     "validate": (_validate, "check params.yaml and print a one-line summary"),
+    "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
 }
 
 
@@ -120,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "extract":
             stage.add_argument("--encoder", help="registry name or slug (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
+        if name == "plan":
+            stage.add_argument("--preset", choices=["current", "paper"], default="current",
+                               help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds")
+            stage.add_argument("--benchmarks-dir", default="benchmarks/results",
+                               help="measured costs (default: %(default)s)")
+            stage.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -210,6 +210,38 @@ class RobustnessConfig(_Strict):
     shortcut: ShortcutConfig = ShortcutConfig()
 
 
+class ReportConfig(_Strict):
+    """The HTML report (``report`` stage)."""
+
+    title: Annotated[str, Field(min_length=1)] = "CellPath-Bench report"
+    thumbnails: Annotated[int, Field(ge=0, le=50)] = 3  # H&E crops in the data section (best-ranked sections)
+    thumbnail_um: Annotated[float, Field(gt=0.0, le=5_000.0)] = 250.0  # crop side, µm
+    thumbnail_mpp: Annotated[float, Field(gt=0.0, le=50.0)] = 1.0     # crop resolution, µm/px
+
+
+def _scheduler_address(address: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", address):
+        raise ValueError("expected a Dask scheduler address with its protocol, e.g. tcp://10.0.0.5:8786")
+    return address
+
+
+class ExecutorConfig(_Strict):
+    """Where the extract, probe and robustness stages run their tasks. Never changes a result, so it
+    is not a DVC parameter of any stage: switching executors does not invalidate cached stages."""
+
+    backend: Literal["local", "dask"] = "local"
+    workers: Annotated[int, Field(ge=1, le=10_000)] = 1  # local: processes (1 = in this process); dask: workers/jobs
+    address: Annotated[str, AfterValidator(_scheduler_address)] | None = None  # an existing Dask scheduler
+    cluster: Literal["local", "slurm"] = "local"  # dask without an address: a LocalCluster or a SLURMCluster
+    slurm: dict[str, Any] = {}  # dask_jobqueue.SLURMCluster keyword arguments (queue, cores, memory, walltime, ...)
+
+    @model_validator(mode="after")
+    def _dask_settings_need_dask(self) -> "ExecutorConfig":
+        if self.backend == "local" and (self.address is not None or self.cluster != "local"):
+            raise ValueError("address and cluster: slurm are Dask settings; set backend: dask to use them")
+        return self
+
+
 class MlflowConfig(_Strict):
     """Where probe and robustness results are tracked. Relative paths are from the project root."""
 
@@ -233,7 +265,9 @@ class Params(_Strict):
     protocol: Literal["all", "is", "iocd", "mocv", "looo"] = "all"
     probe: ProbeConfig = ProbeConfig()
     robustness: RobustnessConfig = RobustnessConfig()
+    report: ReportConfig = ReportConfig()
     mlflow: MlflowConfig = MlflowConfig()
+    executor: ExecutorConfig = ExecutorConfig()
 
     @property
     def protocols(self) -> tuple[str, ...]:

@@ -22,33 +22,21 @@ import numpy as np
 import pandas as pd
 
 from cellpath.atomic import atomic_output
-from cellpath.config import Params
-from cellpath.encoders.registry import EncoderSpec, load_registry
-from cellpath.errors import ConfigError
-from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.config import Params, ProbeConfig
+from cellpath.encoders.registry import EncoderSpec
+from cellpath.executor import Task, run_tasks, thread_settings
+from cellpath.feature_store import artifact_dir
+from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, readout_matrix
 from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.readouts import CLS_READOUTS
+from cellpath.selection import evaluated_encoders, headline_magnification
+from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
+                             work_dir, write_context)
 from cellpath.tracking import Tracker, metric_key
 
 log = logging.getLogger(__name__)
 
 METRICS = ("macro_f1", "macro_auroc", "macro_auprc")
-
-
-def evaluated_encoders(params: Params) -> list[EncoderSpec]:
-    """Registry entries of ``extract.encoders`` (names or slugs), in the listed order."""
-    registry = load_registry(params.extract.registry)
-    by_key = {spec.slug: spec for spec in registry.values()} | registry
-    unknown = [e for e in params.extract.encoders if e not in by_key]
-    if unknown:
-        raise ConfigError(f"extract.encoders: unknown encoder(s) {', '.join(unknown)}; known slugs: "
-                          f"{', '.join(sorted(s.slug for s in registry.values()))}")
-    return [by_key[e] for e in params.extract.encoders]
-
-
-def headline_magnification(magnifications: list[str]) -> str:
-    """The magnification of the headline numbers and CRT: 20× (the paper's) when evaluated."""
-    return "20x" if "20x" in magnifications else magnifications[0]
 
 
 def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
@@ -70,29 +58,30 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
             mine = [r for r in runs if r.protocol == protocol]
             log.info("probe plan %s %s: %d runs, %d skipped (fewer than two gated classes)", taxonomy, protocol,
                      len(mine), sum(r.task is None for r in mine))
+    unavailable = {p: 0 for p in params.protocols}
+    for spec in encoders:
+        missing = sum(1 for readout in cfg.readouts if readout in CLS_READOUTS and not spec.has_cls)
+        for runs in plans.values():
+            for run in runs:
+                unavailable[run.protocol] += missing * len(magnifications)
+    context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
     tracker = Tracker(params.mlflow, "probe", root)
-    frames, unavailable = [], {p: 0 for p in params.protocols}
+    frames = []
     try:
-        for spec in encoders:
-            for magnification in magnifications:
-                base = load_base_readouts(data_dir / "features", spec.slug, magnification, panel)
-                for readout in cfg.readouts:
-                    if readout in CLS_READOUTS and not spec.has_cls:
-                        for runs in plans.values():
-                            for run in runs:
-                                unavailable[run.protocol] += 1
-                        continue
-                    x = readout_matrix(base, readout)
-                    for taxonomy, runs in plans.items():
-                        fit_started = time.perf_counter()
-                        frame = fit_condition(x, cells, runs, cfg).assign(
-                            model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS]
-                        frames.append(frame)
-                        log.info("probe %s %s %s %s: %d runs in %.1f s", spec.name, magnification, readout, taxonomy,
-                                 int((frame["status"] == "ok").sum()), time.perf_counter() - fit_started)
-                        tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy}",
-                                          condition_params(frame, params), condition_metrics(frame),
-                                          {"probe_runs.json": frame})
+        outcomes = run_tasks(tasks, params.executor)
+        for outcome in outcomes:  # in task order: the run table does not depend on the executor
+            shard = pd.read_parquet(outcome.output)
+            for _, frame in shard.groupby(["readout", "taxonomy"], sort=False):
+                frame = frame.reset_index(drop=True)
+                frames.append(frame)
+                model, magnification, readout, taxonomy = frame.loc[0, ["model", "magnification", "readout",
+                                                                         "taxonomy"]]
+                log.info("probe %s %s %s %s: %d runs, %.1f s of fitting%s", model, magnification, readout, taxonomy,
+                         int((frame["status"] == "ok").sum()), frame["fit_seconds"].sum(),
+                         "" if outcome.computed else " (finished in an earlier run)")
+                tracker.log_child(f"{model} {magnification} {readout} {taxonomy}",
+                                  condition_params(frame, params), condition_metrics(frame),
+                                  {"probe_runs.json": frame})
         runs_table = pd.concat(frames, ignore_index=True)
         summaries = summarise(runs_table, magnifications)
         counts = run_counts(runs_table, unavailable)
@@ -103,10 +92,13 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
     except BaseException:
         tracker.finish({}, {}, failed=True)
         raise
+    prune(context.parent, [context, *(task.output for task in tasks)])
     elapsed = time.perf_counter() - started
     timing = {"stage_seconds": round(elapsed, 2), "fit_seconds": round(float(runs_table["fit_seconds"].sum()), 2),
               "mlflow_blocking_seconds": round(tracker.seconds, 2), "mlflow_fraction": round(tracker.seconds / elapsed, 4),
-              "mlflow_logging_thread_seconds": round(tracker.busy_seconds, 2), "mlflow_runs": tracker.children + 1}
+              "mlflow_logging_thread_seconds": round(tracker.busy_seconds, 2), "mlflow_runs": tracker.children + 1,
+              "executor": {"backend": params.executor.backend, "workers": params.executor.workers,
+                           "tasks": len(outcomes), "tasks_computed": sum(o.computed for o in outcomes)}}
     with atomic_output(reports / "probe" / "timing.json") as tmp:
         tmp.write_text(json.dumps(timing, indent=2) + "\n")
     log.info("probe: %d runs fitted, %d skipped, %d unavailable in %.1f s; MLflow: %d runs, %.1f s blocking "
@@ -114,6 +106,52 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
              counts["total"]["unavailable"], elapsed, tracker.children + 1, tracker.seconds,
              100 * tracker.seconds / elapsed, tracker.busy_seconds)
     return runs_table
+
+
+def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[str, list], encoders: list[EncoderSpec],
+                magnifications: list[str]) -> tuple[Path, list[Task]]:
+    """The context file and one task per (encoder, magnification) with a usable readout: all its
+    readouts × taxonomies.
+
+    The panel and the plan are written once to the work folder (the context every task reads); a shard's
+    key covers them, the probe parameters, the encoder, the feature files, the code and the thread
+    counts, so a shard is reused only for exactly these inputs (docs/decisions/0010-executor.md).
+    """
+    cfg = params.probe
+    work = work_dir(data_dir, "probe")
+    basis = {"code": code_fingerprint(), "threads": thread_settings(), "panel": params.panel,
+             "cells": panel_digest(panel), "protocols": params.protocols, "probe": cfg.model_dump(mode="json")}
+    context = write_context(work, "probe", basis, (panel, plans))
+    features = Path(data_dir).resolve() / "features"
+    tasks = []
+    for spec in encoders:
+        if not any(spec.has_cls or readout not in CLS_READOUTS for readout in cfg.readouts):
+            continue
+        for magnification in magnifications:
+            inputs = file_fingerprint([artifact_dir(features, spec.slug, magnification, section_id)
+                                       for section_id in panel.rows_in_section])
+            key = shard_key("probe", f"{spec.slug} {magnification}",
+                            basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
+                                     "features": inputs})
+            tasks.append(Task(key, probe_shard, (context, features, spec, magnification, cfg), work / f"{key}.parquet",
+                              gpu=cfg.device == "cuda"))
+    return context, tasks
+
+
+def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, magnification: str,
+                cfg: ProbeConfig) -> None:
+    """Task: fit every planned run of one encoder at one magnification; its rows to ``out`` (Parquet)."""
+    panel, plans = read_context(context)
+    base = load_base_readouts(features, spec.slug, magnification, panel)
+    frames = []
+    for readout in cfg.readouts:
+        if readout in CLS_READOUTS and not spec.has_cls:
+            continue
+        x = readout_matrix(base, readout)
+        for runs in plans.values():
+            frames.append(fit_condition(x, panel.cells, runs, cfg).assign(
+                model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
+    pd.concat(frames, ignore_index=True).to_parquet(out, index=False)
 
 
 def condition_params(frame: pd.DataFrame, params: Params) -> dict:
@@ -160,12 +198,15 @@ def summarise(runs: pd.DataFrame, magnifications: list[str]) -> dict[str, pd.Dat
     crt = stats.cell_representation_transferability(wins[wins["metric"] == "macro_f1"], magnification=headline)
     cra = pd.concat([stats.cell_representation_advantage(ok, m).assign(metric=m) for m in ("macro_f1", "macro_auroc")],
                     ignore_index=True)
+    cra_pooled = pd.concat([stats.pooled_cell_representation_advantage(ok, m, mag).assign(metric=m)
+                            for m in ("macro_f1", "macro_auroc") for mag in magnifications], ignore_index=True)
     agreement = pd.DataFrame([
         {"protocol": p, "readout": "Nuc", "magnification": headline,
          "spearman": stats.taxonomy_rank_agreement(summary[summary["metric"] == "macro_f1"], protocol=p,
                                                    magnification=headline)}
         for p in sorted(ok["protocol"].unique())])
-    return {"summary": summary, "wins": wins, "crt": crt, "cra": cra, "rank_agreement": agreement}
+    return {"summary": summary, "wins": wins, "crt": crt, "cra": cra, "cra_pooled": cra_pooled,
+            "rank_agreement": agreement}
 
 
 def run_counts(runs: pd.DataFrame, unavailable: dict[str, int]) -> dict:
@@ -184,7 +225,8 @@ def _round(value: float) -> float | None:
 
 def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
                      magnifications: list[str]) -> dict:
-    """Per model: Tfine Nuc Macro-F1/-AUROC per protocol at the headline magnification, CRA and CRT."""
+    """Per model: Tfine Nuc Macro-F1/-AUROC per protocol at the headline magnification, CRA (Eq. 4,
+    taxonomies pooled) with its significant wins, and CRT."""
     headline = headline_magnification(magnifications)
     summary = summaries["summary"]
     chosen = summary[(summary["readout"] == "Nuc") & (summary["taxonomy"] == "fine")
@@ -194,11 +236,11 @@ def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], cou
         entry: dict = {}
         for row in chosen[chosen["model"] == model].itertuples():
             entry.setdefault(row.protocol, {})[f"nuc_{row.metric}"] = _round(row.mean)
-        cra = summaries["cra"]
-        cra = cra[(cra["model"] == model) & (cra["taxonomy"] == "fine") & (cra["magnification"] == headline)
-                  & (cra["metric"] == "macro_f1")]
+        cra = summaries["cra_pooled"]
+        cra = cra[(cra["model"] == model) & (cra["magnification"] == headline) & (cra["metric"] == "macro_f1")]
         if len(cra):
             entry["cra_macro_f1"] = _round(cra["cra"].iloc[0])
+            entry["cra_wins"] = int(cra["wins"].iloc[0])
         crt = summaries["crt"]
         crt = crt[crt["model"] == model]
         if len(crt) and np.isfinite(crt["crt"].iloc[0]):

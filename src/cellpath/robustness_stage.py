@@ -32,15 +32,21 @@ from cellpath.atomic import atomic_output
 from cellpath.config import Params, RobustnessConfig
 from cellpath.encoders.registry import EncoderSpec
 from cellpath.errors import ConfigError
+from cellpath.executor import Task, run_tasks, thread_settings
+from cellpath.feature_store import artifact_dir
 from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.probe_stage import evaluated_encoders, flat_metrics, headline_magnification
+from cellpath.probe_stage import flat_metrics
+from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
 from cellpath.sections import read_section_index, read_section_table
+from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
+                             work_dir, write_context)
 from cellpath.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 SUMMARY_KEYS = ("croma_median", "f0", "ltm", "ri", "mari", "bio_bacc", "conf_bacc")
+CONDITION_KEYS = ("magnification", "readout", "taxonomy", "scope", "unit")
 
 
 def cell_groups(data_dir: Path, panel: PanelCells, spec: EncoderSpec, magnification: str,
@@ -79,8 +85,6 @@ def scoring_units(cells: pd.DataFrame, scope: str, confounder: str) -> list[tupl
 
 def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
     """robustness: score every (encoder, magnification, readout, taxonomy, scope, unit)."""
-    from cellpath.robustness import low_margin_enrichment
-
     started = time.perf_counter()
     cfg = params.robustness
     magnifications = params.stage_magnifications(cfg.magnifications)
@@ -90,46 +94,36 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
     if cells[cfg.confounder].nunique() < 2:
         raise ConfigError(f"robustness.confounder: {cfg.confounder!r} has a single level in panel {params.panel}; "
                           "robustness needs at least two")
+    skipped = len(magnifications) * sum(1 for readout in cfg.readouts for spec in encoders
+                                        if readout in CLS_READOUTS and not spec.has_cls)
+    context, tasks, shortcut_tasks = robustness_tasks(params, data_dir, panel, encoders, magnifications)
     tracker = Tracker(params.mlflow, "robustness", root)
-    rows, margin_frames, enrichment_frames, skipped = [], [], [], 0
+    rows, margin_frames, enrichment_frames = [], [], []
     try:
-        for magnification in magnifications:
-            groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in encoders}
-            bases = {spec.slug: load_base_readouts(data_dir / "features", spec.slug, magnification, panel)
-                     for spec in encoders}
-            for readout in cfg.readouts:
-                usable = [s for s in encoders if s.has_cls or readout not in CLS_READOUTS]
-                skipped += len(encoders) - len(usable)
-                for taxonomy in cfg.taxonomies:
-                    for scope in cfg.scopes:
-                        for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
-                            condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
-                                         "scope": scope, "unit": unit}
-                            scored = _score_models(usable, bases, groups, unit_rows, cells, condition, cfg)
-                            for spec, result in scored:
-                                summary = {"model": spec.name, **condition, **result.summary(),
-                                           "k_selected": _own_k(result)}
-                                rows.append(summary)
-                                margins = _margin_frame(cells.iloc[unit_rows], result.margins, spec.name, condition,
-                                                        taxonomy)
-                                margin_frames.append(margins)
-                                enrichment = low_margin_enrichment(
-                                    result.margins, margins, columns=("cell_type", "organ", "section_id"),
-                                    fraction=cfg.low_margin_fraction)
-                                enrichment_frames.append(enrichment.assign(model=spec.name, **condition))
-                                tracker.log_child(f"{spec.name} {magnification} {readout} {taxonomy} {scope} {unit}",
-                                                  {"model": spec.name, **condition, "m": cfg.m, "k": result.k,
-                                                   "group": cfg.group, "confounder": cfg.confounder},
-                                                  result.summary(),
-                                                  {"margins.parquet": margins})
-                                log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f, "
-                                         "RI %.3f, MaRI %.3f (k=%d; %d of %d margins undefined)", spec.name,
-                                         magnification, readout, taxonomy, scope, unit, result.median, result.f0,
-                                         result.ltm, result.ri, result.mari, result.k, result.n_undefined,
-                                         len(result.margins))
+        outcomes = run_tasks(tasks + shortcut_tasks, params.executor)
+        for outcome in outcomes[:len(tasks)]:  # in task order: the tables do not depend on the executor
+            shard_rows = pd.read_parquet(outcome.output / "summary.parquet").to_dict("records")
+            if not shard_rows:  # no scoring unit (organ scope without an organ of two sections)
+                continue
+            margins_shard = pd.read_parquet(outcome.output / "margins.parquet")
+            enrichment_frames.append(pd.read_parquet(outcome.output / "enrichment.parquet"))
+            offset = 0
+            for row in shard_rows:
+                rows.append(row)
+                margins = margins_shard.iloc[offset:offset + row["n_samples"]].reset_index(drop=True)
+                offset += row["n_samples"]
+                margin_frames.append(margins)
+                condition = {key: row[key] for key in CONDITION_KEYS}
+                scores = {key: value for key, value in row.items()
+                          if key not in ("model", *CONDITION_KEYS, "k_selected")}
+                tracker.log_child(" ".join([row["model"], *condition.values()]),
+                                  {"model": row["model"], **condition, "m": cfg.m, "k": row["k"], "group": cfg.group,
+                                   "confounder": cfg.confounder}, scores, {"margins.parquet": margins})
+                log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f, RI %.3f, MaRI %.3f "
+                         "(k=%d; %d of %d margins undefined)", row["model"], *condition.values(), row["croma_median"],
+                         row["f0"], row["ltm"], row["ri"], row["mari"], row["k"], row["n_undefined"], row["n_samples"])
         summary = pd.DataFrame(rows)
-        shortcut_curves, shortcut_summary = _shortcut(params, encoders, panel, data_dir,
-                                                      headline_magnification(magnifications))
+        shortcut_curves, shortcut_summary = _shortcut(params, outcomes[len(tasks):])
         metrics = robustness_metrics(summary, shortcut_summary, headline_magnification(magnifications))
         _write(reports, summary, pd.concat(margin_frames, ignore_index=True),
                pd.concat(enrichment_frames, ignore_index=True), shortcut_curves, shortcut_summary, metrics)
@@ -139,10 +133,92 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
     except BaseException:
         tracker.finish({}, {}, failed=True)
         raise
+    prune(context.parent, [context, *(task.output for task in tasks + shortcut_tasks)])
     log.info("robustness: %d scored conditions (%d model × readout pairs without a CLS token skipped) in %.1f s; "
              "MLflow %.1f s blocking, %.1f s in the logging thread", len(summary), skipped,
              time.perf_counter() - started, tracker.seconds, tracker.busy_seconds)
     return summary
+
+
+def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders: list[EncoderSpec],
+                     magnifications: list[str]) -> tuple[Path, list[Task], list[Task]]:
+    """The context file (the panel), one scoring task per (magnification, readout) — every taxonomy,
+    scope and unit of it, all models together (RI and MaRI share k across models) — and one
+    shortcut-probe task per encoder. Keys as in the probe stage (docs/decisions/0010-executor.md).
+    """
+    import faiss
+
+    cfg = params.robustness
+    data_dir = Path(data_dir).resolve()
+    work = work_dir(data_dir, "robustness")
+    basis = {"code": code_fingerprint(), "threads": thread_settings(), "panel": params.panel,
+             "cells": panel_digest(panel), "robustness": cfg.model_dump(mode="json"),
+             "sections": file_fingerprint([data_dir / "sections" / "sections.csv",
+                                           *(data_dir / "sections" / f"{s}.zarr" for s in panel.rows_in_section)])}
+    context = write_context(work, "robustness", basis, panel)
+    gpu = faiss.get_num_gpus() > 0
+
+    def task(name: str, fn, args: tuple, specs: list[EncoderSpec], magnification: str, **material) -> Task:
+        features = file_fingerprint([artifact_dir(data_dir / "features", spec.slug, magnification, section_id)
+                                     for spec in specs for section_id in panel.rows_in_section])
+        key = shard_key("robustness", name, basis | material | {
+            "magnification": magnification, "features": features, "encoders": [s.model_dump(mode="json") for s in specs]})
+        return Task(key, fn, (context, data_dir, *args), work / key, gpu=gpu)
+
+    tasks = []
+    for magnification in magnifications:
+        for readout in cfg.readouts:
+            usable = [s for s in encoders if s.has_cls or readout not in CLS_READOUTS]
+            if usable:
+                tasks.append(task(f"{magnification} {readout}", robustness_shard, (usable, magnification, readout, cfg),
+                                  usable, magnification, readout=readout))
+    shortcut = cfg.shortcut
+    if not shortcut.enabled:
+        return context, tasks, []
+    levels = sorted(panel.cells[shortcut.confounder].unique())
+    if len(levels) - shortcut.held_out < 2:
+        raise ConfigError(f"robustness.shortcut: {len(levels)} {shortcut.confounder} level(s) leave fewer than two "
+                          f"to train on with held_out={shortcut.held_out}")
+    train_levels = levels[:len(levels) - shortcut.held_out]  # the last `held_out` levels (sorted) are never trained on
+    log.info("shortcut probe: trained on %s, held out %s", ", ".join(train_levels),
+             ", ".join(levels[len(train_levels):]))
+    headline = headline_magnification(magnifications)
+    shortcut_tasks = [task(f"shortcut {spec.slug} {headline}", shortcut_shard,
+                           (spec, headline, cfg, params.seed, train_levels), [spec], headline, seed=params.seed,
+                           train_levels=train_levels)
+                      for spec in encoders if spec.has_cls or shortcut.readout not in CLS_READOUTS]
+    return context, tasks, shortcut_tasks
+
+
+def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[EncoderSpec], magnification: str,
+                     readout: str, cfg: RobustnessConfig) -> None:
+    """Task: score every taxonomy, scope and unit of one (magnification, readout) for ``specs``;
+    writes ``out/`` with summary, margins (the rows' blocks, in order) and enrichment Parquet files."""
+    from cellpath.robustness import low_margin_enrichment
+
+    panel = read_context(context)
+    cells = panel.cells
+    groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in specs}
+    bases = {spec.slug: load_base_readouts(data_dir / "features", spec.slug, magnification, panel) for spec in specs}
+    rows, margin_frames, enrichment_frames = [], [], []
+    for taxonomy in cfg.taxonomies:
+        for scope in cfg.scopes:
+            for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
+                condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
+                             "scope": scope, "unit": unit}
+                for spec, result in _score_models(specs, bases, groups, unit_rows, cells, condition, cfg):
+                    rows.append({"model": spec.name, **condition, **result.summary(), "k_selected": _own_k(result)})
+                    margins = _margin_frame(cells.iloc[unit_rows], result.margins, spec.name, condition, taxonomy)
+                    margin_frames.append(margins)
+                    enrichment = low_margin_enrichment(result.margins, margins,
+                                                       columns=("cell_type", "organ", "section_id"),
+                                                       fraction=cfg.low_margin_fraction)
+                    enrichment_frames.append(enrichment.assign(model=spec.name, **condition))
+    out.mkdir()
+    pd.DataFrame(rows).to_parquet(out / "summary.parquet", index=False)
+    for name, frames in (("margins", margin_frames), ("enrichment", enrichment_frames)):
+        (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()).to_parquet(out / f"{name}.parquet",
+                                                                                        index=False)
 
 
 def _own_k(result) -> int:
@@ -178,41 +254,42 @@ def _margin_frame(cells: pd.DataFrame, margins: np.ndarray, model: str, conditio
                          "cell_type": cells[taxonomy].to_numpy(), "margin": margins})
 
 
-def _shortcut(params: Params, encoders: list[EncoderSpec], panel: PanelCells, data_dir: Path,
-              magnification: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The shortcut probe per encoder at the headline magnification: curves and APD / nIPD."""
-    from cellpath.robustness import apd, nipd, shortcut_sweep
-
+def _shortcut(params: Params, outcomes: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The shortcut probe's curves and APD / nIPD, from its tasks' outputs (in encoder order)."""
     cfg = params.robustness.shortcut
     if not cfg.enabled:
-        return pd.DataFrame(), pd.DataFrame()
-    cells = panel.cells
-    levels = sorted(cells[cfg.confounder].unique())
-    if len(levels) - cfg.held_out < 2:
-        raise ConfigError(f"robustness.shortcut: {len(levels)} {cfg.confounder} level(s) leave fewer than two to "
-                          f"train on with held_out={cfg.held_out}")
-    train_levels = levels[:len(levels) - cfg.held_out]  # the last `held_out` levels (sorted) are never trained on
-    log.info("shortcut probe: trained on %s, held out %s", ", ".join(train_levels),
-             ", ".join(levels[len(train_levels):]))
-    curves, summaries = [], []
-    for spec in encoders:
-        if cfg.readout in CLS_READOUTS and not spec.has_cls:
-            continue
-        x = readout_matrix(load_base_readouts(data_dir / "features", spec.slug, magnification, panel), cfg.readout)
-        groups = cell_groups(data_dir, panel, spec, magnification, params.robustness)
-        sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
-                               pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs,
-                               seed=params.seed)
-        for setting, accuracies in (("in_domain", sweep.in_domain), ("held_out", sweep.held_out)):
-            if accuracies is None:
-                continue
-            for v, row in zip(sweep.cramers_v, np.asarray(accuracies)):
-                curves.append({"model": spec.name, "setting": setting, "cramers_v": float(v),
-                               "balanced_accuracy_mean": float(np.mean(row)), "balanced_accuracy_sd": float(np.std(row))})
-            summaries.append({"model": spec.name, "setting": setting, "readout": cfg.readout,
-                              "taxonomy": cfg.taxonomy, "magnification": magnification,
-                              "apd": apd(accuracies), "nipd": nipd(accuracies, sweep.cramers_v, sweep.chance)})
+        return (pd.DataFrame(columns=["model", "setting", "cramers_v", "balanced_accuracy_mean", "balanced_accuracy_sd"]),
+                pd.DataFrame(columns=["model", "setting", "readout", "taxonomy", "magnification", "apd", "nipd"]))
+    curves = [r for o in outcomes for r in pd.read_parquet(o.output / "curves.parquet").to_dict("records")]
+    summaries = [r for o in outcomes for r in pd.read_parquet(o.output / "summary.parquet").to_dict("records")]
     return pd.DataFrame(curves), pd.DataFrame(summaries)
+
+
+def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, magnification: str,
+                   robustness: RobustnessConfig, seed: int, train_levels: list[str]) -> None:
+    """Task: the shortcut probe of one encoder; writes ``out/`` with curves and summary Parquet files."""
+    from cellpath.robustness import apd, nipd, shortcut_sweep
+
+    cfg = robustness.shortcut
+    panel = read_context(context)
+    cells = panel.cells
+    x = readout_matrix(load_base_readouts(data_dir / "features", spec.slug, magnification, panel), cfg.readout)
+    groups = cell_groups(data_dir, panel, spec, magnification, robustness)
+    sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
+                           pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed)
+    curves, summaries = [], []
+    for setting, accuracies in (("in_domain", sweep.in_domain), ("held_out", sweep.held_out)):
+        if accuracies is None:
+            continue
+        for v, row in zip(sweep.cramers_v, np.asarray(accuracies)):
+            curves.append({"model": spec.name, "setting": setting, "cramers_v": float(v),
+                           "balanced_accuracy_mean": float(np.mean(row)), "balanced_accuracy_sd": float(np.std(row))})
+        summaries.append({"model": spec.name, "setting": setting, "readout": cfg.readout,
+                          "taxonomy": cfg.taxonomy, "magnification": magnification,
+                          "apd": apd(accuracies), "nipd": nipd(accuracies, sweep.cramers_v, sweep.chance)})
+    out.mkdir()
+    pd.DataFrame(curves).to_parquet(out / "curves.parquet", index=False)
+    pd.DataFrame(summaries).to_parquet(out / "summary.parquet", index=False)
 
 
 def robustness_metrics(summary: pd.DataFrame, shortcut: pd.DataFrame, magnification: str) -> dict:

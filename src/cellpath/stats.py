@@ -8,8 +8,10 @@ within a section, then sections within an organ; IOCD averages seeds and held-ou
 an organ; MOCV averages seeds within a fold; LOOO averages seeds within the held-out organ. The
 reported mean ± SD is across those organ (or fold) scores, not across pooled cells or runs.
 
-CRA: per IS section and seed the paired difference Nuc − Mean, averaged over seeds, then within
-organ, then across organs. Significant wins: per evaluation condition, a two-sided paired
+CRA (Eq. 4): per IS section, taxonomy and seed the paired difference Nuc − Mean, averaged over
+seeds; the differences of both taxonomies are pooled within organ, then organs are averaged (SD
+across organ values). ``cell_representation_advantage`` gives the same per taxonomy. CRA wins: the
+Wilcoxon test below on two models' paired (section, taxonomy) differences. Significant wins: per evaluation condition, a two-sided paired
 Wilcoxon signed-rank test between two models over their common evaluation units (seed-averaged);
 a win when p < 0.05 and the median paired difference favours the model. CRT: the mean of a
 model's IOCD, MOCV and LOOO win counts (Tfine, Nuc, 20× by default).
@@ -63,6 +65,35 @@ def cell_representation_advantage(runs: pd.DataFrame, metric: str) -> pd.DataFra
     per_section = wide.groupby(["model", "magnification", "taxonomy", "organ", "unit"])["diff"].mean()
     per_organ = per_section.groupby(["model", "magnification", "taxonomy", "organ"]).mean()
     return per_organ.groupby(["model", "magnification", "taxonomy"]).mean().rename("cra").reset_index()
+
+
+def cra_differences(runs: pd.DataFrame, metric: str, magnification: str) -> pd.DataFrame:
+    """Seed-averaged IS Nuc − Mean per (model, organ, section, taxonomy) at one magnification."""
+    is_runs = runs[(runs["protocol"] == "is") & runs["readout"].isin(["Nuc", "Mean"])
+                   & (runs["magnification"] == magnification)]
+    keys = ["model", "organ", "unit", "taxonomy", "seed"]
+    wide = is_runs.pivot_table(index=keys, columns="readout", values=metric, aggfunc="first")
+    if not {"Nuc", "Mean"} <= set(wide.columns):
+        return pd.DataFrame(columns=["model", "organ", "unit", "taxonomy", "diff"])
+    wide = wide[["Nuc", "Mean"]].dropna()
+    diff = (wide["Nuc"] - wide["Mean"]).rename("diff").reset_index()
+    return diff.groupby(["model", "organ", "unit", "taxonomy"], sort=True)["diff"].mean().reset_index()
+
+
+def pooled_cell_representation_advantage(runs: pd.DataFrame, metric: str, magnification: str,
+                                         alpha: float = 0.05) -> pd.DataFrame:
+    """The paper's CRA (Eq. 4) per model, both taxonomies pooled within organ, with its SD across
+    organs and its significant wins (Wilcoxon over common (section, taxonomy) differences)."""
+    diffs = cra_differences(runs, metric, magnification)
+    columns = ["model", "magnification", "cra", "sd", "n_organs", "wins"]
+    if diffs.empty:
+        return pd.DataFrame(columns=columns)
+    per_organ = diffs.groupby(["model", "organ"], sort=True)["diff"].mean()
+    table = per_organ.groupby("model").agg(cra="mean", sd=lambda s: s.std(ddof=1), n_organs="size")
+    scores = diffs.assign(unit=diffs["unit"] + "|" + diffs["taxonomy"], score=diffs["diff"])
+    wins = pairwise_wins(scores[["model", "unit", "score"]], alpha).groupby("model")["win"].sum()
+    table = table.assign(wins=wins.reindex(table.index, fill_value=0).astype(int), magnification=magnification)
+    return table.reset_index()[columns]
 
 
 def pairwise_wins(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
