@@ -1,14 +1,18 @@
 # Two commands do everything on a fresh machine:
 #   make run    build .venv from the pinned constraints, then `dvc repro` on the embedded default
 #   make test   the same install, then the whole test suite
+# and one to look at the tracked runs:
+#   make ui     the MLflow UI on http://127.0.0.1:$(UI_PORT) against the project's store
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
+MLFLOW_URI ?= sqlite:///mlflow.db
+UI_PORT ?= 5000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install run test bench clean-venv
+.PHONY: install run test ui bench clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +31,10 @@ run: install
 test: install
 	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
+
+# Loopback only: the UI has no authentication. Use another URI for a remote store: make ui MLFLOW_URI=...
+ui: install
+	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_URI) --host 127.0.0.1 --port $(UI_PORT)
 
 bench: install
 	$(BIN)/python benchmarks/bench_fetch_ingest.py

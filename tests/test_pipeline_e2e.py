@@ -24,7 +24,8 @@ from conftest import PROJECT_ROOT
 pytestmark = pytest.mark.slow
 
 TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
-STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe", "robustness"}
+STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe", "robustness",
+          "report"}
 
 
 def _env() -> dict[str, str]:
@@ -110,6 +111,19 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert "probe_runs.parquet" in (work / "reports" / ".gitignore").read_text()  # tracked by DVC
     ignored = (work / "data" / ".gitignore").read_text()
     assert "/raw" in ignored and "/sections" in ignored  # data are tracked by DVC, not git
+    page = (work / "reports" / "index.html").read_text()
+    assert '<table id="headline">' in page and "filterbank-dense" in page
+    assert (work / "reports" / "tables" / "headline.csv").is_file()
+
+
+def test_dvc_metrics_and_plots_show(repo):
+    work = repo["work"]
+    metrics = _run(["dvc", "metrics", "show"], work)
+    assert "reports/metrics.json" in metrics and "reports/robustness_metrics.json" in metrics
+    plots = _run(["dvc", "plots", "show", "-o", str(repo["root"] / "plots")], work)
+    assert "index.html" in plots
+    page = (repo["root"] / "plots" / "index.html").read_text()
+    assert "reports/figures/landscape.png" in page and "croma_median" in page
 
 
 def test_second_repro_reruns_nothing(repo):
@@ -161,6 +175,7 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     out = _run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
     assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
     assert "Running stage 'robustness'" not in out  # the protocol is not one of its parameters
+    assert "Running stage 'report'" in out  # the report follows the probe outputs
     runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
     assert set(runs["protocol"]) == {"mocv"}
     show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=_env(), capture_output=True, text=True,

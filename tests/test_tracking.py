@@ -37,3 +37,16 @@ def test_provenance_tags_name_commit_experiment_and_lock_stages(tmp_path, monkey
 def test_metric_keys_keep_only_characters_mlflow_accepts():
     assert metric_key("unit", "breast_cancer_1", "macro_f1") == "unit/breast_cancer_1/macro_f1"
     assert metric_key("N||M", "Immune/Inflammatory") == "N__M/Immune/Inflammatory"
+
+
+def test_a_new_experiment_opens_on_the_runs_table_in_the_ui(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from cellpath.config import MlflowConfig
+    from cellpath.tracking import Tracker
+
+    cfg = MlflowConfig(tracking_uri="sqlite:///store.db", artifact_location="artifacts", experiment="kind-test")
+    tracker = Tracker(cfg, "probe", tmp_path)
+    tracker.finish({}, {})
+    experiment = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store.db'}").get_experiment_by_name("kind-test")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

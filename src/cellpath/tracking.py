@@ -73,6 +73,11 @@ def provenance_tags(root: Path) -> dict[str, str]:
     return tags
 
 
+#: MLflow 3's UI opens an experiment of this kind on its runs table (model training), not on the
+#: GenAI trace views it shows by default.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 class Tracker:
     """Parent/child MLflow runs for one stage execution; a no-op when tracking is disabled.
 
@@ -101,7 +106,10 @@ class Tracker:
             self._experiment_id = (experiment.experiment_id if experiment is not None else
                                    self._client.create_experiment(
                                        cfg.experiment, artifact_location=resolve_artifact_location(
-                                           cfg.artifact_location, root)))
+                                           cfg.artifact_location, root), tags=EXPERIMENT_TAGS))
+            if experiment is not None and not set(EXPERIMENT_TAGS) & set(experiment.tags):
+                for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
+                    self._client.set_experiment_tag(self._experiment_id, key, value)
             self._tags = provenance_tags(root)
             parent = self._client.create_run(self._experiment_id, run_name=stage,
                                              tags=self._tags | {"cellpath.stage": stage})

@@ -1,0 +1,305 @@
+"""The report's tables, built from the stage outputs (pure: DataFrames in, DataFrames out).
+
+Scores are fractions in the inputs and percentage points (pp) in the display tables, as in the
+paper. Each builder returns a numeric frame; ``display`` turns one into strings ("48.12 ± 5.10").
+Row order follows the paper: significant wins descending, the unrounded headline score breaking ties.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+READOUTS = ["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
+PROTOCOLS = ["is", "iocd", "mocv", "looo"]
+CROSS_DOMAIN = ["iocd", "mocv", "looo"]
+PROTOCOL_NAMES = {"is": "IS", "iocd": "IOCD", "mocv": "MOCV", "looo": "LOOO"}
+_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}
+
+
+def parse_count(text: str | None) -> float | None:
+    """'350K (converted)' → 350000.0, '1100M' → 1.1e9, '1007' → 1007.0; None or unparsable → None."""
+    if text is None:
+        return None
+    match = re.match(r"\s*([0-9]*\.?[0-9]+)\s*([KMB]?)", str(text))
+    return float(match.group(1)) * _SCALE[match.group(2)] if match else None
+
+
+def _pick(frame: pd.DataFrame, **equals) -> pd.DataFrame:
+    mask = np.ones(len(frame), dtype=bool)
+    for column, value in equals.items():
+        mask &= (frame[column] == value).to_numpy()
+    return frame[mask]
+
+
+def _mean_sd(summary: pd.DataFrame, index: str, columns: str) -> pd.DataFrame:
+    """Wide frame with '<column> mean' and '<column> sd' per value of ``columns`` (empty in, empty out)."""
+    if summary.empty:
+        return pd.DataFrame(index=pd.Index([], name=index))
+    wide = summary.pivot_table(index=index, columns=columns, values=["mean", "sd"], aggfunc="first")
+    out = pd.DataFrame(index=wide.index)
+    for key in wide["mean"].columns:
+        out[f"{key} mean"] = wide[("mean", key)]
+        out[f"{key} sd"] = wide[("sd", key)]
+    return out
+
+
+def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame, robustness: pd.DataFrame,
+             magnification: str) -> pd.DataFrame:
+    """Per model: Tfine Nuc Macro-F1 mean/sd per protocol, CRA (Eq. 4), CRT, and the panel-scope
+    CRoMa median, LTM10 and RI of the Nuc readout (Tfine where scored, else Tcoarse)."""
+    chosen = _pick(summary, readout="Nuc", taxonomy="fine", magnification=magnification, metric="macro_f1")
+    frame = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
+    for protocol in PROTOCOLS:
+        rows = chosen[chosen["protocol"] == protocol].set_index("model")
+        frame[f"{PROTOCOL_NAMES[protocol]} mean"] = rows["mean"].reindex(frame.index)
+        frame[f"{PROTOCOL_NAMES[protocol]} sd"] = rows["sd"].reindex(frame.index)
+    pooled = _pick(cra_pooled, magnification=magnification, metric="macro_f1").set_index("model")
+    frame["CRA"] = pooled["cra"].reindex(frame.index)
+    frame["CRT"] = crt.set_index("model")["crt"].reindex(frame.index)
+    scored = _pick(robustness, readout="Nuc", magnification=magnification, scope="panel")
+    scored = scored.sort_values("taxonomy", key=lambda t: t != "fine", kind="mergesort").drop_duplicates("model")
+    for column, label in (("croma_median", "CRoMa median"), ("ltm", "LTM10"), ("ri", "RI")):
+        frame[label] = scored.set_index("model")[column].reindex(frame.index)
+    return frame
+
+
+def is_readout_table(summary: pd.DataFrame, wins: pd.DataFrame, cra: pd.DataFrame, magnification: str,
+                     taxonomy: str, metric: str = "macro_f1") -> pd.DataFrame:
+    """IS scores of every readout (mean, sd across organs), this taxonomy's CRA and the Nuc IS wins
+    per model (Supplementary C)."""
+    chosen = _pick(summary, protocol="is", magnification=magnification, taxonomy=taxonomy, metric=metric)
+    table = _mean_sd(chosen, "model", "readout")
+    ordered = [c for r in READOUTS for c in (f"{r} mean", f"{r} sd") if c in table.columns]
+    table = table[ordered]
+    cra_rows = _pick(cra, magnification=magnification, taxonomy=taxonomy, metric=metric).set_index("model")["cra"]
+    win_rows = _pick(wins, protocol="is", magnification=magnification, taxonomy=taxonomy, readout="Nuc",
+                     metric=metric).set_index("model")["wins"]
+    table["CRA"] = cra_rows.reindex(table.index)
+    table["Wins"] = win_rows.reindex(table.index).fillna(0).astype(int)
+    return _ranked(table, "Wins", "Nuc mean")
+
+
+def cra_table(summary: pd.DataFrame, cra_pooled: pd.DataFrame, magnification: str,
+              metric: str = "macro_f1") -> pd.DataFrame:
+    """Table 4: IS Nuc and Mean per taxonomy, CRA (both taxonomies pooled) ± SD and CRA wins."""
+    chosen = _pick(summary, protocol="is", magnification=magnification, metric=metric)
+    chosen = chosen[chosen["readout"].isin(["Nuc", "Mean"])]
+    chosen = chosen.assign(column=chosen["taxonomy"].map({"fine": "Tfine", "coarse": "Tcoarse"}) + " "
+                           + chosen["readout"])
+    table = _mean_sd(chosen, "model", "column")
+    ordered = [f"{t} {r} {s}" for t in ("Tfine", "Tcoarse") for r in ("Nuc", "Mean") for s in ("mean", "sd")]
+    table = table[[c for c in ordered if c in table.columns]]
+    pooled = _pick(cra_pooled, magnification=magnification, metric=metric).set_index("model")
+    table["CRA mean"] = pooled["cra"].reindex(table.index)
+    table["CRA sd"] = pooled["sd"].reindex(table.index)
+    table["CRA wins"] = pooled["wins"].reindex(table.index).fillna(0).astype(int)
+    return _ranked(table, "CRA wins", "CRA mean")
+
+
+def cross_domain_table(summary: pd.DataFrame, wins: pd.DataFrame, crt: pd.DataFrame, magnification: str,
+                       taxonomy: str = "fine") -> pd.DataFrame:
+    """Table 5: Nuc Macro-F1 and Macro-AUROC (mean, sd) and Macro-F1 wins per cross-domain protocol, and CRT."""
+    table = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
+    for protocol in CROSS_DOMAIN:
+        name = PROTOCOL_NAMES[protocol]
+        for metric, label in (("macro_f1", "F1"), ("macro_auroc", "AUROC")):
+            rows = _pick(summary, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
+                         metric=metric).set_index("model")
+            table[f"{name} {label} mean"] = rows["mean"].reindex(table.index)
+            table[f"{name} {label} sd"] = rows["sd"].reindex(table.index)
+        won = _pick(wins, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
+                    metric="macro_f1").set_index("model")["wins"]
+        table[f"{name} wins"] = won.reindex(table.index)
+    table["CRT"] = crt.set_index("model")["crt"].reindex(table.index)
+    return _ranked(table, "CRT", "MOCV F1 mean").dropna(how="all")
+
+
+def _ranked(table: pd.DataFrame, key: str, tie_break: str) -> pd.DataFrame:
+    columns = [c for c in (key, tie_break) if c in table.columns]
+    return table.sort_values(columns, ascending=False, kind="mergesort") if columns else table
+
+
+def landscape(cra_pooled: pd.DataFrame, crt: pd.DataFrame, registry: pd.DataFrame, magnification: str) -> pd.DataFrame:
+    """Fig. 1 data: per model CRA wins (IS), CRT, pretraining scale (WSI equivalents) and parameters."""
+    pooled = _pick(cra_pooled, magnification=magnification, metric="macro_f1").set_index("model")
+    models = sorted(set(pooled.index) | set(crt["model"]))
+    out = pd.DataFrame(index=pd.Index(models, name="model"))
+    out["cra"] = pooled["cra"].reindex(out.index)
+    out["cra_wins"] = pooled["wins"].reindex(out.index)
+    out["crt"] = crt.set_index("model")["crt"].reindex(out.index)
+    meta = registry.set_index("name")
+    out["type"] = meta["type"].reindex(out.index)
+    out["pretraining (WSI eq.)"] = meta["pretrain_wsi_equivalent"].reindex(out.index)
+    out["parameters (registry)"] = meta["params"].reindex(out.index)
+    out["pretrain_wsi"] = [parse_count(v) for v in out["pretraining (WSI eq.)"]]
+    out["parameters"] = [parse_count(v) for v in out["parameters (registry)"]]
+    return out.reset_index()
+
+
+def taxonomy_effect(summary: pd.DataFrame, magnification: str) -> pd.DataFrame:
+    """Fig. 3a-b: Nuc Macro-F1 per model and protocol under Tfine and Tcoarse, with ranks."""
+    chosen = _pick(summary, magnification=magnification, readout="Nuc", metric="macro_f1")
+    table = chosen.pivot_table(index=["protocol", "model"], columns="taxonomy", values="mean", aggfunc="first")
+    table = table.reindex(columns=["fine", "coarse"]).reset_index()
+    for taxonomy in ("fine", "coarse"):
+        table[f"{taxonomy} rank"] = table.groupby("protocol")[taxonomy].rank(ascending=False, method="min")
+    return table
+
+
+def readout_effect(summary: pd.DataFrame, magnification: str, taxonomy: str = "fine") -> pd.DataFrame:
+    """Fig. 3c: Macro-F1 per model, protocol and readout."""
+    chosen = _pick(summary, magnification=magnification, taxonomy=taxonomy, metric="macro_f1")
+    table = chosen.pivot_table(index=["protocol", "model"], columns="readout", values="mean", aggfunc="first")
+    return table.reindex(columns=[r for r in READOUTS if r in table.columns]).reset_index()
+
+
+def magnification_effect(summary: pd.DataFrame, magnifications: list[str], taxonomy: str = "fine") -> pd.DataFrame:
+    """Fig. 3d: Nuc Macro-F1 per model, protocol and magnification, and retention relative to the
+    highest magnification (the paper's 99.6 % at 20× and 92.9 % at 10× under IS)."""
+    chosen = _pick(summary, taxonomy=taxonomy, readout="Nuc", metric="macro_f1")
+    table = chosen.pivot_table(index=["protocol", "model"], columns="magnification", values="mean", aggfunc="first")
+    ordered = sorted((m for m in magnifications if m in table.columns), key=lambda m: -int(m.rstrip("x")))
+    table = table.reindex(columns=ordered)
+    for magnification in ordered[1:]:
+        table[f"{magnification} retention"] = table[magnification] / table[ordered[0]]
+    return table.reset_index()
+
+
+def panel_robustness(runs: pd.DataFrame, panels: pd.DataFrame, magnification: str,
+                     taxonomy: str = "fine") -> pd.DataFrame:
+    """IS Nuc Macro-F1 and rank per model on each nested panel (S10 ⊂ … ⊂ S25).
+
+    IS units are single sections, so a smaller panel's IS result is the organ-balanced mean over its
+    sections' units of the probe run table (no refit). Cross-domain protocols train on the panel
+    and need their own run (``dvc exp run -S panel=S10``). Also gives Spearman ρ of each panel's
+    ranking against the largest panel's.
+    """
+    panel_columns = sorted((c for c in panels.columns if re.fullmatch(r"S\d+", c)), key=lambda c: int(c[1:]))
+    ok = runs[(runs["status"] == "ok") & (runs["protocol"] == "is") & (runs["readout"] == "Nuc")
+              & (runs["taxonomy"] == taxonomy) & (runs["magnification"] == magnification)]
+    per_unit = ok.groupby(["model", "organ", "unit"])["macro_f1"].mean().reset_index()
+    rows = []
+    for panel in panel_columns:
+        members = set(panels.loc[panels[panel].astype(bool), "section_id"])
+        chosen = per_unit[per_unit["unit"].isin(members)]
+        if chosen.empty:
+            continue
+        per_model = chosen.groupby(["model", "organ"])["macro_f1"].mean().groupby("model").mean()
+        for model, score in per_model.items():
+            rows.append({"panel": panel, "n_sections": int(chosen["unit"].nunique()), "model": model,
+                         "macro_f1": score})
+    table = pd.DataFrame(rows, columns=["panel", "n_sections", "model", "macro_f1"])
+    if table.empty:
+        return table.assign(rank=[], spearman_vs_largest=[])
+    table["rank"] = table.groupby("panel")["macro_f1"].rank(ascending=False, method="min").astype(int)
+    largest = table[table["panel"] == table["panel"].iloc[-1]].set_index("model")["macro_f1"]
+    rho = {}
+    for panel, group in table.groupby("panel"):
+        paired = pd.concat([group.set_index("model")["macro_f1"], largest], axis=1, join="inner").dropna()
+        rho[panel] = (float(scipy_stats.spearmanr(paired.iloc[:, 0], paired.iloc[:, 1]).statistic)
+                      if len(paired) >= 3 else np.nan)
+    table["spearman_vs_largest"] = table["panel"].map(rho)
+    return table
+
+
+def pareto_frontier(median: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """True for points no other point dominates (≥ on both axes, > on one); higher is better."""
+    median, tail = np.asarray(median, float), np.asarray(tail, float)
+    better_or_equal = (median[None, :] >= median[:, None]) & (tail[None, :] >= tail[:, None])
+    strictly = (median[None, :] > median[:, None]) | (tail[None, :] > tail[:, None])
+    return ~np.any(better_or_equal & strictly, axis=1)
+
+
+def robustness_table(summary: pd.DataFrame, shortcut: pd.DataFrame) -> pd.DataFrame:
+    """Per condition: CRoMa median, F(0), LTM, RI, MaRI, support, k-NN balanced accuracies, the
+    median–LTM Pareto flag among the models of the condition, and nIPD of the shortcut probe."""
+    keys = ["magnification", "readout", "taxonomy", "scope", "unit"]
+    columns = ["model", *keys, "n_samples", "n_undefined", "croma_median", "f0", "ltm", "ri", "mari", "support",
+               "k", "bio_bacc", "conf_bacc"]
+    table = summary[columns].copy()
+    table["pareto"] = False
+    for _, group in table.groupby(keys, sort=False):
+        table.loc[group.index, "pareto"] = pareto_frontier(group["croma_median"], group["ltm"])
+    if len(shortcut):
+        nipd = shortcut.pivot_table(index=["model", "magnification", "readout"], columns="setting", values="nipd",
+                                    aggfunc="first")
+        nipd.columns = [f"nipd {c}" for c in nipd.columns]
+        table = table.merge(nipd.reset_index(), on=["model", "magnification", "readout"], how="left")
+    return table.sort_values([*keys, "croma_median"], ascending=[True] * len(keys) + [False], kind="mergesort")
+
+
+def class_counts(label_summary: pd.DataFrame, taxonomy: str = "fine") -> pd.DataFrame:
+    """Cells per class per section (Fig. 4), from the annotation summary's ``<taxonomy>:<class>``
+    columns, with a panel total row and each class's share of the panel."""
+    prefix = f"{taxonomy}:"
+    columns = [c for c in label_summary.columns if c.startswith(prefix)]
+    kept = label_summary[~label_summary["excluded"].astype(bool)]
+    table = kept.set_index("section_id")[columns].rename(columns=lambda c: c[len(prefix):]).astype(int)
+    total = table.sum(axis=0)
+    table.loc["total"] = total
+    table.loc["share"] = total / total.sum()
+    return table
+
+
+def display_counts(counts: pd.DataFrame) -> pd.DataFrame:
+    """``class_counts`` as strings: integers, and the share row in percent."""
+    out = counts.drop(index="share").astype(int).astype(str)
+    out.loc["share"] = [f"{100 * v:.1f} %" for v in counts.loc["share"]]
+    return out
+
+
+def panel_table(panels: pd.DataFrame) -> pd.DataFrame:
+    """The candidate sections ranked by AGR-BAcc, with cell counts and panel membership."""
+    panel_columns = sorted((c for c in panels.columns if re.fullmatch(r"S\d+", c)), key=lambda c: int(c[1:]))
+    columns = ["rank", "section_id", "organ", "score", "cells", "n_matched", "excluded_by_annotation", *panel_columns]
+    return panels[[c for c in columns if c in panels.columns]].sort_values("rank").rename(columns={"score": "AGR-BAcc"})
+
+
+def display(table: pd.DataFrame, percent_pairs: bool = True, percent_columns: Collection[str] = ("CRA",),
+            digits: int = 2) -> pd.DataFrame:
+    """Strings for a numeric table. '<x> mean' + '<x> sd' pairs become one '<x>' column 'm ± s';
+    pairs (when ``percent_pairs``) and ``percent_columns`` are shown ×100 (fractions → pp); win
+    counts as integers; booleans as 'yes' / ''; other floats rounded; NaN → '–'."""
+    out = pd.DataFrame(index=table.index)
+    for column in table.columns:
+        if column.endswith(" sd") and f"{column[:-3]} mean" in table.columns:
+            continue
+        values = table[column]
+        if column.endswith(" mean") and f"{column[:-5]} sd" in table.columns:
+            scale = 100.0 if percent_pairs else 1.0
+            sd = table[f"{column[:-5]} sd"]
+            out[column[:-5]] = [_pm(m * scale, s * scale, digits) for m, s in zip(values, sd)]
+        elif column.lower().endswith("wins"):
+            out[column] = ["–" if pd.isna(v) else str(int(v)) for v in values]
+        elif pd.api.types.is_bool_dtype(values):
+            out[column] = ["yes" if v else "" for v in values]
+        elif pd.api.types.is_integer_dtype(values):
+            out[column] = values.astype(str)
+        elif pd.api.types.is_float_dtype(values):
+            factor = 100.0 if column in percent_columns else 1.0
+            out[column] = ["–" if pd.isna(v) else f"{v * factor:.{digits}f}" for v in values]
+        else:
+            out[column] = ["–" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in values]
+    return out
+
+
+def _pm(mean: float, sd: float, digits: int) -> str:
+    if pd.isna(mean):
+        return "–"
+    return f"{mean:.{digits}f}" if pd.isna(sd) else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def best_two(table: pd.DataFrame) -> dict[str, tuple[object, object]]:
+    """Per '<x> mean' column (and CRA / CRT), the index of the best and second-best row (higher is better)."""
+    marks = {}
+    for column in table.columns:
+        if column.endswith(" mean") or column in ("CRA", "CRT"):
+            ranked = table[column].dropna().sort_values(ascending=False, kind="mergesort")
+            name = column[:-5] if column.endswith(" mean") else column
+            marks[name] = (ranked.index[0] if len(ranked) else None, ranked.index[1] if len(ranked) > 1 else None)
+    return marks

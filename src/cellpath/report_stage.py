@@ -1,0 +1,344 @@
+"""report: the HTML page, Markdown/CSV tables and PNG figures from the probe and robustness outputs.
+
+Reads only what earlier stages wrote (``reports/probe/*.csv``, ``reports/probe_runs.parquet``,
+``reports/robustness/*``, ``data/labels/summary.csv``, ``data/panels.csv``, the encoder registry
+and, for the H&E thumbnails, the ingested sections), so every number on the page comes from the
+run tables. Writes ``reports/index.html`` (images inlined), ``reports/tables/`` (one CSV with the
+numbers and one Markdown file with what the page shows, per table) and ``reports/figures/`` (PNG),
+each folder replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from cellpath.atomic import atomic_output
+from cellpath.config import Params
+from cellpath.errors import InputError
+from cellpath.selection import evaluated_encoders, headline_magnification
+from cellpath.report import figures, tables
+from cellpath.report.render import Table, render_html
+from cellpath.report.thumbnails import section_thumbnail
+from cellpath.sections import read_section_index
+from cellpath.stages import raw_dir
+from cellpath.tracking import provenance_tags
+
+log = logging.getLogger(__name__)
+
+PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement"]
+ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary"]
+TAXONOMY_NAMES = {"fine": "Tfine", "coarse": "Tcoarse"}
+
+GLOSSARY = [
+    ("Macro-F1, Macro-AUROC, Macro-AUPRC",
+     "Of a linear probe on frozen features, averaged with equal weight per class; reported as mean ± SD over the "
+     "protocol's balanced units (organs for IS, IOCD and LOOO; folds for MOCV), in percentage points "
+     "(CellPath-Bench, Sec. Evaluation)."),
+    ("Readouts", "Nuc: the token under the nucleus centroid (bilinear); Mean: the patch's mean token; Cls: the class "
+     "token; N+M, N+C: sums; N||M, N||C: concatenations (CellPath-Bench, Sec. Readouts)."),
+    ("IS, IOCD, MOCV, LOOO", "Within-section spatial split; intra-organ cross-dataset transfer (train on the other "
+     "sections of the organ); multi-organ cross-validation; leave-one-organ-out."),
+    ("CRA", "Cell Representation Advantage (Eq. 4): IS Nuc − Mean per section and taxonomy, averaged within organ, "
+     "then across organs. Positive: the nucleus token carries cell-type information the patch average loses."),
+    ("Significant wins", "How many other models a model beats on paired per-unit scores by a two-sided Wilcoxon "
+     "signed-rank test at p < 0.05 with a positive median difference."),
+    ("CRT", "Cell Representation Transferability (Eq. 5): the mean of a model's IOCD, MOCV and LOOO win counts."),
+    ("CRoMa", "Cross-confounder Robustness Margin of a cell: (d_OS − d_SO) / (d_OS + d_SO) from the mean cosine "
+     "distances to its m nearest same-type/other-section (SO) and other-type/same-section (OS) neighbours, never "
+     "from its own patch. > 0: biology dominates its neighbourhood (CRoMa paper, Sec. 2.3)."),
+    ("F(0), LTM10", "The fraction of cells with margin ≤ 0, and the mean of the worst 10 % of margins."),
+    ("RI, MaRI", "Robustness Index: the share of SO among typed neighbours within a fixed k; MaRI weights them by "
+     "distance. Support: the fraction of cells with any typed neighbour within k."),
+    ("nIPD", "Normalised integrated performance drop of the shortcut probe as the training label–confounder "
+     "dependence (Cramér's V) grows; more negative: more shortcut learning (CRoMa paper, Sec. 2.5)."),
+    ("AGR-BAcc", "Morphology–annotation concordance of a section: balanced accuracy of H&E nucleus predictions "
+     "(CellViT++ or the built-in detector) against the Xenium-derived Tcoarse labels; ranks sections into panels."),
+]
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """Everything the report reads, loaded at the edge."""
+
+    probe: dict[str, pd.DataFrame]
+    counts: dict
+    runs: pd.DataFrame
+    robustness: dict[str, pd.DataFrame]
+    margins: pd.DataFrame
+    label_summary: pd.DataFrame
+    panels: pd.DataFrame
+    registry: pd.DataFrame
+
+
+def _read(path: Path, stage: str, reader=pd.read_csv, **kwargs):
+    if not path.is_file():
+        raise InputError(f"missing; run `dvc repro {stage}` (or `cellpath {stage}`) first", path=path)
+    return reader(path, **kwargs)
+
+
+def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
+    """Read the probe, robustness, annotation and concordance outputs the report is made from."""
+    probe = {name: _read(reports / "probe" / f"{name}.csv", "probe") for name in PROBE_FILES}
+    counts = json.loads(_read(reports / "probe" / "counts.json", "probe", reader=Path.read_text))
+    runs = _read(reports / "probe_runs.parquet", "probe", reader=pd.read_parquet)
+    robustness = {name: _read(reports / "robustness" / f"{name}.csv", "robustness") for name in ROBUSTNESS_FILES}
+    margins = _read(reports / "robustness" / "margins.parquet", "robustness", reader=pd.read_parquet,
+                    columns=["model", "magnification", "readout", "taxonomy", "scope", "unit", "margin"])
+    label_summary = _read(data_dir / "labels" / "summary.csv", "annotate")
+    panels = _read(data_dir / "panels.csv", "concordance")
+    registry = pd.DataFrame([{"name": s.name, "type": s.type, "params": s.params,
+                              "pretrain_wsi_equivalent": s.pretrain_wsi_equivalent, "architecture": s.architecture}
+                             for s in evaluated_encoders(params)])
+    return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry)
+
+
+def _table(name: str, title: str, caption: str, numeric: pd.DataFrame, percent_pairs: bool = True,
+           percent_columns: tuple[str, ...] = ("CRA",), shown: list[str] | None = None,
+           max_rows: int | None = None) -> tuple[Table, pd.DataFrame]:
+    """A display table (``shown`` columns, first ``max_rows`` rows) and the full numeric frame."""
+    visible = numeric if shown is None else numeric[shown]
+    visible = visible if max_rows is None else visible.head(max_rows)
+    frame = tables.display(visible, percent_pairs=percent_pairs, percent_columns=percent_columns)
+    return Table(name, title, caption, frame, tables.best_two(visible)), numeric
+
+
+def build_tables(inputs: ReportInputs, magnifications: list[str]) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """Every table of the page, keyed by file name, as (display table, numeric frame)."""
+    probe, headline = inputs.probe, headline_magnification(magnifications)
+    out: dict[str, tuple[Table, pd.DataFrame]] = {}
+    out["headline"] = _table(
+        "headline", "Headline", f"Tfine, Nuc readout, {headline}: Macro-F1 per protocol (mean ± SD, pp), CRA (pp), "
+        "CRT and the robustness summary (CRoMa median, LTM10, RI) of the same readout and magnification.",
+        tables.headline(probe["summary"], probe["cra_pooled"], probe["crt"], inputs.robustness["summary"], headline))
+    for magnification in magnifications:
+        out[f"cra_{magnification}"] = _table(
+            f"cra_{magnification}", f"Table 4 — within-section CRA at {magnification}",
+            "IS organ-balanced Macro-F1 (mean ± SD across organs, pp) of Nuc and Mean under both taxonomies; CRA "
+            "(Eq. 4, taxonomies pooled) ± SD across organs; CRA wins: paired Wilcoxon over (section, taxonomy) "
+            "differences. Bold: best, underlined: second best.",
+            tables.cra_table(probe["summary"], probe["cra_pooled"], magnification))
+        for taxonomy in ("fine", "coarse"):
+            numeric = tables.is_readout_table(probe["summary"], probe["wins"], probe["cra"], magnification, taxonomy)
+            out[f"is_{taxonomy}_{magnification}"] = _table(
+                f"is_{taxonomy}_{magnification}", f"IS, all readouts — {TAXONOMY_NAMES[taxonomy]}, {magnification}",
+                "Macro-F1 (mean ± SD across organs, pp) per readout; CRA of this taxonomy (pp); Wins: Nuc IS "
+                "significant wins. Rows by wins, then Nuc.", numeric)
+    for taxonomy in ("fine", "coarse"):
+        out[f"cross_domain_{taxonomy}"] = _table(
+            f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_NAMES[taxonomy]}, {headline}",
+            "Nuc Macro-F1 and Macro-AUROC (mean ± SD, pp) per protocol; wins: Macro-F1 significant wins; CRT: "
+            "mean of the three Tfine win counts (Eq. 5).",
+            tables.cross_domain_table(probe["summary"], probe["wins"], probe["crt"], headline, taxonomy))
+    out["landscape"] = _table(
+        "landscape", "CRA–CRT landscape data", "CRA in pp; pretraining scale and parameters as in the registry.",
+        tables.landscape(probe["cra_pooled"], probe["crt"], inputs.registry, headline).set_index("model"),
+        percent_columns=("cra",), shown=["cra", "cra_wins", "crt", "type", "pretraining (WSI eq.)",
+                                         "parameters (registry)"])
+    out["rank_agreement"] = _table(
+        "rank_agreement", "Taxonomy rank agreement",
+        "Spearman ρ of model means under Tfine and Tcoarse (Nuc); undefined (–) with fewer than three models.",
+        probe["rank_agreement"].set_index("protocol"), percent_pairs=False)
+    retention = tables.magnification_effect(probe["summary"], magnifications)
+    retention_columns = [c for c in retention.columns if c.endswith("retention")]
+    out["magnification_retention"] = _table(
+        "magnification_retention", "Magnification retention",
+        "Tfine Nuc Macro-F1 relative to the highest magnification, mean over models (the paper: 99.6 % at 20×, "
+        "92.9 % at 10× under IS).",
+        retention.groupby("protocol")[retention_columns].mean().reindex(
+            [p for p in tables.PROTOCOLS if p in set(retention["protocol"])]), percent_columns=retention_columns)
+    panel = tables.panel_robustness(inputs.runs, inputs.panels, headline)
+    out["panel_robustness"] = _table(
+        "panel_robustness", "Panel robustness",
+        f"IS Tfine Nuc Macro-F1 (pp) at {headline} on each nested panel (organ-balanced over the panel's sections), "
+        "the model's rank and Spearman ρ of the ranking against the largest panel. IS units are single sections, "
+        "so smaller panels are read from the same runs; cross-domain protocols need a run per panel "
+        "(`dvc exp run -S panel=S10`).",
+        panel.set_index("model").rename(columns={"macro_f1": "IS Nuc F1"}), percent_columns=("IS Nuc F1",))
+    rob = tables.robustness_table(inputs.robustness["summary"], inputs.robustness["shortcut_summary"])
+    out["robustness"] = _table(
+        "robustness", "Robustness summary",
+        "Per condition: cells scored (undefined margins counted, never dropped), CRoMa median, F(0), LTM10, RI, MaRI "
+        "with support, k, k-NN balanced accuracy for biology and for the confounder, the median–LTM10 Pareto "
+        "flag among the models of the condition, and the shortcut probe's nIPD.",
+        rob.set_index("model"), percent_pairs=False, percent_columns=())
+    shortcut = inputs.robustness["shortcut_summary"]
+    out["shortcut"] = _table("shortcut", "Shortcut probe", "APD and nIPD per model and evaluation setting.",
+                             shortcut.set_index("model"), percent_pairs=False, percent_columns=())
+    enrichment = inputs.robustness["low_margin_enrichment"].sort_values("enrichment", ascending=False)
+    out["low_margin_enrichment"] = _table(
+        "low_margin_enrichment", "Low-margin enrichment",
+        "Cells in the worst margin decile by cell type, organ and section: share among low-margin cells over share "
+        "among all scored cells (> 1: over-represented among the failures). The 15 most enriched are shown; every "
+        "row is in reports/tables/low_margin_enrichment.csv.",
+        enrichment.set_index("model"), percent_pairs=False, percent_columns=(), max_rows=15)
+    counts = tables.class_counts(inputs.label_summary)
+    out["class_counts"] = (Table("class_counts", "Cells per Tfine class and section",
+                                 "Eligible labelled cells; the last rows give the panel total and each class's share.",
+                                 tables.display_counts(counts)), counts)
+    out["panels"] = _table("panels", "Candidate sections and panels",
+                           "Sections ranked by AGR-BAcc; membership of each nested panel; sections excluded by "
+                           "annotation are listed, not dropped.",
+                           tables.panel_table(inputs.panels).set_index("section_id"), percent_pairs=False,
+                           percent_columns=())
+    return out
+
+
+def build_figures(inputs: ReportInputs, magnifications: list[str], numeric: dict[str, pd.DataFrame],
+                  colours: dict) -> dict[str, bytes | None]:
+    """Every figure of the page as PNG bytes; None where this run has no data for it (for example
+    the IS figures of a MOCV-only experiment)."""
+    probe, headline = inputs.probe, headline_magnification(magnifications)
+    readouts = tables.readout_effect(probe["summary"], headline)
+    by_mag = tables.magnification_effect(probe["summary"], magnifications)
+    mag_columns = [m for m in by_mag.columns if not m.endswith("retention") and m not in ("protocol", "model")]
+    taxonomy = tables.taxonomy_effect(probe["summary"], headline)
+    landscape = numeric["landscape"].reset_index()
+    panel = numeric["panel_robustness"].reset_index().rename(columns={"IS Nuc F1": "macro_f1"})
+    margins = inputs.margins.assign(condition=lambda f: f["model"] + " · " + f["readout"] + " · " + f["magnification"]
+                                    + " · " + f["taxonomy"] + " · " + f["unit"])
+    shortcut = inputs.robustness["shortcut"]
+
+    def drawn(data: pd.DataFrame, draw):
+        return draw() if len(data) else None
+
+    return {
+        "landscape": drawn(landscape.dropna(subset=["cra_wins", "crt"], how="all"),
+                           lambda: figures.landscape(landscape)),
+        "taxonomy": drawn(taxonomy.dropna(subset=["fine", "coarse"]), lambda: figures.taxonomy_effect(taxonomy)),
+        "readouts": drawn(readouts, lambda: figures.per_protocol_lines(
+            readouts, [r for r in tables.READOUTS if r in readouts.columns], "Macro-F1 (pp)",
+            f"Readouts (Tfine, {headline})")),
+        "magnifications": drawn(by_mag, lambda: figures.per_protocol_lines(
+            by_mag, mag_columns, "Nuc Macro-F1 (pp)", "Magnifications (Tfine, Nuc)")),
+        "panels": drawn(panel, lambda: figures.panel_ranks(panel)),
+        "croma": drawn(margins, lambda: figures.croma_distributions(margins, sorted(margins["condition"].unique()))),
+        "classes": figures.class_abundance(numeric["class_counts"], colours),
+        "shortcut": drawn(shortcut, lambda: figures.shortcut_curves(shortcut)),
+    }
+
+
+def pareto_figures(robustness: pd.DataFrame) -> list[tuple[str, bytes]]:
+    """One median–LTM10 plane per (magnification, taxonomy, scope, unit), models × readouts as points."""
+    out = []
+    for keys, group in robustness.reset_index().groupby(["magnification", "taxonomy", "scope", "unit"], sort=True):
+        title = " · ".join(str(k) for k in keys)
+        out.append((title, figures.pareto_plane(group.assign(label=group["model"] + " " + group["readout"]))))
+    return out
+
+
+def thumbnails(params: Params, data_dir: Path, inputs: ReportInputs, colours: dict) -> list[dict]:
+    """H&E crops of the best-ranked evaluated sections, one per organ, up to ``report.thumbnails``."""
+    if params.report.thumbnails == 0:
+        return []
+    index = read_section_index(data_dir).set_index("section_id", drop=False)
+    panel = inputs.panels[inputs.panels[params.panel].astype(bool) & ~inputs.panels["excluded_by_annotation"]]
+    chosen = panel.sort_values("rank").drop_duplicates("organ").head(params.report.thumbnails)
+    out = []
+    for section_id in chosen["section_id"]:
+        row = index.loc[section_id]
+        thumb = section_thumbnail(data_dir, raw_dir(data_dir), row, params.report.thumbnail_um,
+                                  params.report.thumbnail_mpp)
+        caption = (f"{section_id} ({row['organ']}): {len(thumb.points)} labelled nuclei"
+                   + (f", {thumb.n_unlabelled} without a Tfine label not drawn" if thumb.n_unlabelled else ""))
+        out.append({"section_id": section_id, "caption": caption,
+                    "png": figures.thumbnail(thumb.image, thumb.points, colours, section_id, thumb.mpp)})
+    return out
+
+
+def run_report_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> Path:
+    """report: read the stage outputs, write index.html, tables/ and figures/; returns the page's path."""
+    data_dir, reports = Path(data_dir), Path(reports)
+    magnifications = params.stage_magnifications(params.probe.magnifications)
+    inputs = load_inputs(params, data_dir, reports)
+    built = build_tables(inputs, magnifications)
+    numeric = {name: frame for name, (_, frame) in built.items()}
+    fine_classes = list(numeric["class_counts"].columns)
+    colours = figures.class_colours(fine_classes)
+    pngs = build_figures(inputs, magnifications, numeric, colours)
+    paretos = pareto_figures(numeric["robustness"])
+    thumbs = thumbnails(params, data_dir, inputs, colours)
+    context = page_context(params, inputs, built, magnifications, pngs, paretos, thumbs, root or Path.cwd())
+    html = render_html(context)
+    write_report(reports, html, built, pngs, paretos, thumbs)
+    log.info("report: %s (%d tables, %d figures, %d thumbnails, %.1f MB)", reports / "index.html", len(built),
+             len(pngs) + len(paretos), len(thumbs), len(html) / 1e6)
+    return reports / "index.html"
+
+
+def page_context(params: Params, inputs: ReportInputs, built: dict, magnifications: list[str], pngs: dict,
+                 paretos: list, thumbs: list, root: Path) -> dict:
+    """The template's variables."""
+    cells = inputs.label_summary
+    panel = inputs.panels[inputs.panels[params.panel].astype(bool) & ~inputs.panels["excluded_by_annotation"]]
+    commit = provenance_tags(root).get("mlflow.source.git.commit", "unknown")[:10]
+    landscape = built["landscape"][1]
+    missing_scale = landscape.index[landscape["pretrain_wsi"].isna()].tolist()
+    counts = inputs.counts.get("total", {})
+    meta = {
+        "title": params.report.title, "panel": params.panel, "n_sections": len(panel),
+        "n_organs": panel["organ"].nunique(), "n_cells": _evaluated_cells(cells, panel),
+        "encoders": sorted(inputs.runs["model"].unique()), "magnifications": magnifications,
+        "headline": headline_magnification(magnifications), "source": params.source, "git_commit": commit,
+        "runs": {k: counts.get(k, 0) for k in ("ok", "skipped", "unavailable")},
+        "notes": [f"{n} section(s) excluded by annotation are listed in the data section, not evaluated."
+                  for n in [int(inputs.panels["excluded_by_annotation"].sum())] if n],
+    }
+    where = [
+        {"what": "This page and its tables", "text": "reports/index.html; every table as CSV (numbers) and Markdown "
+         "(as shown) in reports/tables/, figures in reports/figures/.", "command": "dvc repro report"},
+        {"what": "Headline metrics (DVC)", "text": "per encoder Nuc Macro-F1 per protocol, CRA, CRT; CRoMa median, "
+         "F(0), LTM, RI; across experiments:", "command": "dvc metrics show; dvc exp show; dvc plots show"},
+        {"what": "Every probe run", "text": "one row per run (model, magnification, readout, taxonomy, protocol, "
+         "unit, seed, scores):", "command": "reports/probe_runs.parquet"},
+        {"what": "MLflow", "text": "a parent run per stage execution, a child per condition with per-unit metrics, "
+         "the run rows and per-cell margins as artifacts:", "command": "make ui  # http://127.0.0.1:5000"},
+        {"what": "Per-cell robustness", "text": "every scored cell's CRoMa margin:",
+         "command": "reports/robustness/margins.parquet"},
+    ]
+    by_name = {name: table for name, (table, _) in built.items()}
+    return {
+        "meta": meta, "headline": by_name["headline"],
+        "cra_tables": [by_name[f"cra_{m}"] for m in magnifications],
+        "is_tables": [by_name[f"is_{t}_{m}"] for m in magnifications for t in ("fine", "coarse")],
+        "cross_tables": [by_name["cross_domain_fine"], by_name["cross_domain_coarse"]],
+        "landscape_table": by_name["landscape"],
+        "landscape_note": (f"Without a pretraining scale in the registry (drawn at the left, off the scale): "
+                           f"{', '.join(missing_scale)}." if missing_scale else ""),
+        "effect_tables": [by_name["rank_agreement"], by_name["magnification_retention"]],
+        "panel_table": by_name["panel_robustness"], "robustness_table": by_name["robustness"],
+        "shortcut_table": by_name["shortcut"], "enrichment_table": by_name["low_margin_enrichment"],
+        "class_table": by_name["class_counts"], "candidates_table": by_name["panels"],
+        "figures": pngs, "pareto_figures": paretos, "thumbnails": thumbs, "where": where, "glossary": GLOSSARY,
+    }
+
+
+def _evaluated_cells(label_summary: pd.DataFrame, panel: pd.DataFrame) -> int:
+    chosen = label_summary[label_summary["section_id"].isin(panel["section_id"])]
+    fine = [c for c in chosen.columns if c.startswith("fine:")]
+    return int(chosen[fine].to_numpy().sum())
+
+
+def write_report(reports: Path, html: str, built: dict, pngs: dict[str, bytes], paretos: list, thumbs: list) -> None:
+    """index.html, tables/ and figures/, each replaced atomically."""
+    reports.mkdir(parents=True, exist_ok=True)
+    with atomic_output(reports / "tables") as folder:
+        folder.mkdir()
+        for name, (table, numeric) in built.items():
+            numeric.to_csv(folder / f"{name}.csv")
+            (folder / f"{name}.md").write_text(table.markdown())
+    with atomic_output(reports / "figures") as folder:
+        folder.mkdir()
+        for name, png in pngs.items():
+            if png is not None:
+                (folder / f"{name}.png").write_bytes(png)
+        for i, (_, png) in enumerate(paretos):
+            (folder / f"pareto_{i}.png").write_bytes(png)
+        for thumb in thumbs:
+            (folder / f"he_{thumb['section_id']}.png").write_bytes(thumb["png"])
+    with atomic_output(reports / "index.html") as tmp:
+        tmp.write_text(html)
