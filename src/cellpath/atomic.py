@@ -6,11 +6,16 @@ A crash or an error half-way leaves the previous output (or nothing) in place, n
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from cellpath.errors import OutputError
+
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # disk full, quota exceeded
 
 
 def _temporary_sibling(path: Path) -> Path:
@@ -41,10 +46,21 @@ def atomic_output(path: Path | str) -> Iterator[Path]:
         if path.is_dir() and not path.is_symlink():
             old = _temporary_sibling(path)
             path.rename(old)
-            tmp.rename(path)
+            try:
+                tmp.rename(path)
+            except BaseException:
+                old.rename(path)  # put the previous output back
+                raise
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
+    except OSError as exc:
+        remove_path(tmp)
+        if exc.errno in _NO_SPACE:  # nested writes: the outermost (the output a user knows) is named
+            raise OutputError(exc.errno, f"{os.strerror(exc.errno)} while writing {path.name}; the partial output "
+                              "was removed and any previous one is unchanged: free space and rerun",
+                              str(path)) from exc
+        raise
     except BaseException:
         remove_path(tmp)
         raise

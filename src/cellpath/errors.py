@@ -30,3 +30,9 @@ class InputError(CellPathError):
 
 class DownloadError(CellPathError):
     """A download failed, was truncated, or did not match its checksum."""
+
+
+class OutputError(CellPathError, OSError):
+    """An output could not be written (the disk or quota is full); the previous output is unchanged.
+
+    Also an OSError with the original ``errno``, so code that handles OSError still does."""

@@ -62,10 +62,10 @@ def write_artifact(folder: Path, readouts: dict[str, np.ndarray], sidecar: dict)
         for name, matrix in readouts.items():
             matrix = np.asarray(matrix)
             if matrix.ndim != 2 or matrix.shape[0] != n_cells:
-                raise ValueError(f"{name}: expected {n_cells} rows, got shape {matrix.shape}")
+                raise ValueError(f"{folder}: {name}: expected {n_cells} rows, got shape {matrix.shape}")
             if not np.all(np.isfinite(matrix)):
-                raise ValueError(f"{name}: {int((~np.isfinite(matrix)).any(axis=1).sum())} cells have NaN or "
-                                 "infinite features")
+                raise ValueError(f"{folder}: {name}: {int((~np.isfinite(matrix)).any(axis=1).sum())} cells have NaN "
+                                 f"or infinite features (encoder {sidecar.get('encoder')}); nothing was written")
             np.save(tmp / f"{name}.npy", matrix.astype(np.float16))
             shapes[name] = list(matrix.shape)
         (tmp / SIDECAR).write_text(json.dumps(sidecar | {"readouts": shapes}, indent=2, sort_keys=True) + "\n")

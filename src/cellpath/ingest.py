@@ -135,6 +135,23 @@ def _read_cells_parquet(bundle: Bundle) -> pd.DataFrame:
     return cells
 
 
+OPTIONAL_PARQUET_FILES = ("nucleus_boundaries.parquet", "cell_boundaries.parquet")
+
+
+def _check_optional_parquet(bundle: Bundle) -> None:
+    """Bundle files ingest does not read (boundary polygons) must still be readable when present:
+    a truncated one means the download or copy of the bundle broke."""
+    for name in OPTIONAL_PARQUET_FILES:
+        path = bundle.file(name)
+        if not path.exists():
+            continue
+        try:
+            pq.ParquetFile(path).close()  # reads the footer, which truncation removes
+        except Exception as exc:  # pyarrow raises several types for corrupt files
+            raise InputError(f"cannot read parquet ({exc}); the file is truncated or corrupt, re-download the "
+                             "bundle", path=path, section=bundle.section_id) from None
+
+
 def _read_nucleus_centroids(bundle: Bundle) -> pd.DataFrame:
     """Nucleus centroids (µm) per cell id from cells.zarr.zip's cell_summary."""
     path = bundle.file("cells.zarr.zip")
@@ -186,6 +203,29 @@ def _tiff_resolution_mpp(path: Path) -> float | None:
     return um_per_unit / per_unit
 
 
+def _tiff_truncation(path: Path) -> str | None:
+    """Why a TIFF's image data is incomplete (a level's tiles or strips end past the end of the file),
+    or None. Opening reads only the tags, so a file cut inside a pyramid level opens fine."""
+    import tifffile
+
+    try:
+        with tifffile.TiffFile(path) as tif:
+            size = tif.filehandle.size
+            for series in tif.series:
+                for level_index, level in enumerate(series.levels):
+                    for page in level.pages:
+                        if page is None:
+                            continue
+                        ends = [offset + count for offset, count in zip(page.dataoffsets, page.databytecounts)
+                                if count]
+                        if ends and max(ends) > size:
+                            return (f"pyramid level {level_index} needs {max(ends)} bytes but the file has {size}; "
+                                    "it is truncated, copy or download it again")
+    except (tifffile.TiffFileError, OSError, ValueError, IndexError) as exc:
+        return f"its TIFF structure cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
 def _read_he_geometry(bundle: Bundle) -> tuple[float, tuple[int, int]]:
     """mpp (µm/px) and level-0 (width, height) of the H&E.
 
@@ -198,6 +238,8 @@ def _read_he_geometry(bundle: Bundle) -> tuple[float, tuple[int, int]]:
     except Exception as exc:  # tiatoolbox/tifffile/openslide raise many types for unreadable slides
         raise InputError(f"cannot open the H&E image ({type(exc).__name__}: {exc})", path=path,
                          section=bundle.section_id) from None
+    if path.suffix.lower() in (".tif", ".tiff") and (problem := _tiff_truncation(path)) is not None:
+        raise InputError(f"the H&E image is incomplete: {problem}", path=path, section=bundle.section_id)
     mpp = np.asarray(info.mpp if info.mpp is not None else [np.nan, np.nan], dtype=float)
     if not np.all(np.isfinite(mpp)) or np.any(mpp <= 0):
         fallback = _tiff_resolution_mpp(path)
@@ -231,6 +273,7 @@ def build_section_table(bundle: Bundle):
     experiment = _read_experiment(bundle)
     barcodes = _check_matrix(bundle)
     cells = _read_cells_parquet(bundle)
+    _check_optional_parquet(bundle)
     if len(cells) == 0:
         raise InputError("cells.parquet has no cells", path=bundle.file("cells.parquet"), section=section)
     if len(cells) != len(barcodes) or not np.array_equal(cells["cell_id"].to_numpy(), barcodes):
