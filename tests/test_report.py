@@ -215,6 +215,18 @@ def test_missing_input_names_the_file_and_the_stage(constructed, tmp_path):
         load_inputs(constructed["params"], constructed["root"] / "data", tmp_path / "reports")
 
 
+def test_a_condition_with_one_balanced_unit_keeps_its_mean_without_an_sd():
+    summary = pd.DataFrame([
+        {"model": "m", "magnification": "20x", "readout": r, "taxonomy": "fine", "protocol": "is", "metric": "macro_f1",
+         "mean": 0.5, "sd": np.nan if r == "Mean" else 0.1, "n_units": 1 if r == "Mean" else 2}
+        for r in ("Nuc", "Mean")])
+    table = tables.is_readout_table(summary, pd.DataFrame(columns=["model", "magnification", "readout", "taxonomy",
+                                                                   "protocol", "wins", "metric"]),
+                                    pd.DataFrame(columns=["model", "magnification", "taxonomy", "cra", "metric"]),
+                                    "20x", "fine")
+    assert tables.display(table).loc["m"].tolist() == ["50.00 ± 10.00", "50.00", "–", "0"]
+
+
 def test_parse_count_and_pareto_frontier_golden():
     assert tables.parse_count("350K (converted)") == 350_000
     assert tables.parse_count("1100M") == 1.1e9

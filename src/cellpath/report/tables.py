@@ -40,7 +40,8 @@ def _mean_sd(summary: pd.DataFrame, index: str, columns: str) -> pd.DataFrame:
     """Wide frame with '<column> mean' and '<column> sd' per value of ``columns`` (empty in, empty out)."""
     if summary.empty:
         return pd.DataFrame(index=pd.Index([], name=index))
-    wide = summary.pivot_table(index=index, columns=columns, values=["mean", "sd"], aggfunc="first")
+    wide = summary.pivot_table(index=index, columns=columns, values=["mean", "sd"], aggfunc="first",
+                               dropna=False)  # keep an SD that is NaN (one balanced unit)
     out = pd.DataFrame(index=wide.index)
     for key in wide["mean"].columns:
         out[f"{key} mean"] = wide[("mean", key)]
