@@ -113,3 +113,13 @@ def test_unknown_or_unslugged_encoder_is_named(tiny_panel):
         run_extract(tiny_panel["params"], tiny_panel["data_dir"], "nope", "10x")
     with pytest.raises(InputError, match="use its slug 'kaiko-vit-l-14'"):
         run_extract(tiny_panel["params"], tiny_panel["data_dir"], "Kaiko ViT-L/14", "10x")
+
+
+def test_sections_no_longer_evaluated_are_pruned_from_the_persistent_output(tmp_path):
+    from cellpath.stages import prune_other_sections
+
+    for name in ("kept", "dropped", ".kept.tmp-1-abc"):
+        (tmp_path / name).mkdir()
+    assert prune_other_sections(tmp_path, {"kept"}) == ["dropped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".kept.tmp-1-abc", "kept"]
+    assert prune_other_sections(tmp_path / "absent", {"kept"}) == []

@@ -9,37 +9,18 @@ and `dvc exp show` lists its metrics.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-
-from conftest import PROJECT_ROOT
+from dvc_project import dvc_env, make_tiny_project, run
 
 pytestmark = pytest.mark.slow
 
-TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
 STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe", "robustness",
           "report"}
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["HF_HUB_OFFLINE"] = "1"
-    env["DVC_NO_ANALYTICS"] = "1"
-    return env
-
-
-def _run(cmd: list[str], cwd: Path) -> str:
-    result = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-    return result.stdout + result.stderr
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -50,39 +31,9 @@ def _digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("e2e")
-    work, store = root / "work", root / "store"
-    work.mkdir()
-    for item in TRACKED:
-        source, dest = PROJECT_ROOT / item, work / item
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, dest)
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
-    params["synthetic"].update(cells_per_section=150, panel_genes=230, reference_cells_per_type=20)
-    params["synthetic"]["sections"] = [
-        {"section_id": "colon_t", "organ": "Colon", "status": "Colorectal cancer"},
-        {"section_id": "skin_t", "organ": "Skin", "status": "Normal"},
-    ]
-    params["concordance"]["panel_sizes"] = [1, 2]
-    params["panel"] = "S2"
-    params["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
-    params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
-                           min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
-                           max_iter=20)
-    params["robustness"].update(magnifications=["10x"], taxonomies=["coarse"], readouts=["Nuc"], group="tile",
-                                shortcut={"enabled": False})
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run(["git", "init", "-q", "-b", "main"], work)
-    _run(["git", "config", "user.email", "test@example.com"], work)
-    _run(["git", "config", "user.name", "test"], work)
-    _run(["dvc", "init", "-q"], work)
-    _run(["dvc", "remote", "add", "-d", "store", str(store)], work)
-    _run(["git", "add", "-A"], work)
-    _run(["git", "commit", "-qm", "tiny project"], work)
-    first = _run(["dvc", "repro"], work)
-    return {"work": work, "store": store, "root": root, "first": first}
+    work = make_tiny_project(root / "work", store=root / "store")
+    first = run(["dvc", "repro"], work)
+    return {"work": work, "store": root / "store", "root": root, "first": first}
 
 
 def test_repro_runs_both_stages_and_writes_outputs(repo):
@@ -118,9 +69,9 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
 
 def test_dvc_metrics_and_plots_show(repo):
     work = repo["work"]
-    metrics = _run(["dvc", "metrics", "show"], work)
+    metrics = run(["dvc", "metrics", "show"], work)
     assert "reports/metrics.json" in metrics and "reports/robustness_metrics.json" in metrics
-    plots = _run(["dvc", "plots", "show", "-o", str(repo["root"] / "plots")], work)
+    plots = run(["dvc", "plots", "show", "-o", str(repo["root"] / "plots")], work)
     assert "index.html" in plots
     page = (repo["root"] / "plots" / "index.html").read_text()
     assert "reports/figures/landscape.png" in page and "croma_median" in page
@@ -129,7 +80,7 @@ def test_dvc_metrics_and_plots_show(repo):
 def test_second_repro_reruns_nothing(repo):
     work = repo["work"]
     before = _digest(work / "data")
-    out = _run(["dvc", "repro"], work)
+    out = run(["dvc", "repro"], work)
     assert "Running stage" not in out
     assert "didn't change" in out or "up to date" in out
     assert _digest(work / "data") == before
@@ -137,16 +88,16 @@ def test_second_repro_reruns_nothing(repo):
 
 def test_push_and_pull_round_trip_into_a_fresh_clone(repo):
     work, store = repo["work"], repo["store"]
-    _run(["dvc", "push"], work)
-    _run(["git", "add", "-A"], work)
-    _run(["git", "commit", "-qm", "lock"], work)
+    run(["dvc", "push"], work)
+    run(["git", "add", "-A"], work)
+    run(["git", "commit", "-qm", "lock"], work)
     clone = repo["root"] / "clone"
-    _run(["git", "clone", "-q", str(work), str(clone)], repo["root"])
+    run(["git", "clone", "-q", str(work), str(clone)], repo["root"])
     assert not (clone / "data" / "raw").exists()
-    _run(["dvc", "pull"], clone)
+    run(["dvc", "pull"], clone)
     assert _digest(clone / "data" / "raw") == _digest(work / "data" / "raw")
     assert _digest(clone / "data" / "references") == _digest(work / "data" / "references")
-    status = _run(["dvc", "status"], clone)
+    status = run(["dvc", "status"], clone)
     assert "up to date" in status.lower()
     assert any(store.rglob("*"))
 
@@ -172,13 +123,13 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     import json
 
     work = repo["work"]
-    out = _run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
+    out = run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
     assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
     assert "Running stage 'robustness'" not in out  # the protocol is not one of its parameters
     assert "Running stage 'report'" in out  # the report follows the probe outputs
     runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
     assert set(runs["protocol"]) == {"mocv"}
-    show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=_env(), capture_output=True, text=True,
+    show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=dvc_env(), capture_output=True, text=True,
                           timeout=300)
     assert show.returncode == 0, show.stderr
     shown = json.loads(show.stdout)
