@@ -68,7 +68,7 @@ def test_extract_stage_writes_and_resumes(tiny_panel, tmp_path, monkeypatch):
         shutil.copytree(tiny_panel["data_dir"] / sub, data_dir / sub)
     params = tiny_panel["params"]
     first = run_extract(params, data_dir, "filterbank-dense", "10x")
-    assert first == {"computed": ["breast_a", "breast_b", "tonsil_a"], "reused": []}
+    assert first == {"computed": ["breast_a", "breast_b", "tonsil_a"], "reused": [], "removed": []}
     artifact = read_artifact(artifact_dir(data_dir / "features", "filterbank-dense", "10x", "breast_a"))
     assert set(artifact) == {"Nuc", "Mean"}  # no CLS token: Cls and its fusions are unavailable
     n_cells = len(np.load(data_dir / "features" / "filterbank-dense" / "10x" / "breast_a" / "Nuc.npy"))
@@ -96,7 +96,7 @@ def test_extract_stage_writes_and_resumes(tiny_panel, tmp_path, monkeypatch):
     folder = data_dir / "features" / "filterbank-dense" / "10x"
     assert sorted(p.name for p in folder.iterdir()) == ["breast_a"]
     again = run_extract(params, data_dir, "filterbank-dense", "10x")
-    assert again == {"computed": ["breast_b", "tonsil_a"], "reused": ["breast_a"]}
+    assert again == {"computed": ["breast_b", "tonsil_a"], "reused": ["breast_a"], "removed": []}
 
 
 def test_cls_readouts_are_unavailable_without_a_cls_token():
