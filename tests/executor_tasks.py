@@ -7,11 +7,15 @@ import time
 
 
 def write_value(out, value: str, delay: float) -> None:
-    """Sleep ``delay`` s, then write ``value`` and the thread counts this task ran with."""
+    """Sleep ``delay`` s, then write ``value``, the thread counts this task ran with and the environment
+    variables that the executor sets or unsets for workers."""
+    import os
+
     from cellpath.executor import thread_settings
 
     time.sleep(delay)
-    out.write_text(json.dumps({"value": value, "threads": thread_settings()}))
+    env = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "MALLOC_TRIM_THRESHOLD_")}
+    out.write_text(json.dumps({"value": value, "threads": thread_settings(), "env": env}))
 
 
 def die_once(out, marker) -> None:

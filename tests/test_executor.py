@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 import cellpath.probe_stage as probe_stage
 from cellpath.config import parse_params
 from cellpath.errors import ConfigError
-from cellpath.executor import ExecutorError, Task, run_tasks, thread_settings
+from cellpath.executor import ExecutorError, Task, oversubscription_guard, run_tasks, thread_settings
 from cellpath.panel_cells import load_panel_cells
 from cellpath.probe_stage import probe_tasks, run_probe_stage
 from cellpath.probing import plan_runs
@@ -194,7 +194,9 @@ def test_shard_keys_follow_params_and_features_but_not_the_executor(tiny_feature
 
 
 @pytest.mark.parametrize("executor", [{"workers": 2}, DASK_2], ids=["local-2", "dask-2"])
-def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tmp_path):
+def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # set here by an earlier LocalCluster's nannies
     saved = torch.get_num_threads()
     with threadpool_limits(3):
         torch.set_num_threads(3)
@@ -208,7 +210,24 @@ def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tm
     written = [json.loads(o.output.read_text()) for o in outcomes]
     assert [w["value"] for w in written] == ["0", "1", "2"]
     assert all(w["threads"] == expected for w in written)
+    passive = "PASSIVE" if 2 * 3 > (os.cpu_count() or 1) else None  # 2 workers x 3 threads
+    assert all(w["env"] == {"OMP_WAIT_POLICY": passive, "MALLOC_TRIM_THRESHOLD_": None} for w in written), written
+    assert "OMP_WAIT_POLICY" not in os.environ  # restored once the workers are gone
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_oversubscribed_workers_wait_passively_unless_the_environment_says_otherwise(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with oversubscription_guard(2, {"torch": 2}):
+        assert "OMP_WAIT_POLICY" not in os.environ  # 4 threads on 4 CPUs
+    with oversubscription_guard(2, {"torch": 4}):
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with oversubscription_guard(2, {"torch": 4}):
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 @pytest.mark.parametrize(("executor", "needle"), [
