@@ -116,10 +116,10 @@ def test_unknown_or_unslugged_encoder_is_named(tiny_panel):
 
 
 def test_sections_no_longer_evaluated_are_pruned_from_the_persistent_output(tmp_path):
-    from cellpath.stages import prune_other_sections
+    from cellpath.atomic import prune_other_folders
 
     for name in ("kept", "dropped", ".kept.tmp-1-abc"):
         (tmp_path / name).mkdir()
-    assert prune_other_sections(tmp_path, {"kept"}) == ["dropped"]
+    assert prune_other_folders(tmp_path, {"kept"}) == ["dropped"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".kept.tmp-1-abc", "kept"]
-    assert prune_other_sections(tmp_path / "absent", {"kept"}) == []
+    assert prune_other_folders(tmp_path / "absent", {"kept"}) == []

@@ -275,6 +275,20 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
     assert _digest(tmp_path / "c")["raw/liver_x/cells.parquet"] != first["raw/liver_x/cells.parquet"]
 
 
+def test_sections_and_references_no_longer_listed_are_removed(tmp_path):
+    """data/raw and data/references persist across DVC runs: fetch removes what the params dropped."""
+    raw, ref = tmp_path / "raw", tmp_path / "ref"
+    (raw / "dropped_section").mkdir(parents=True)
+    ref.mkdir()
+    (ref / "kidney.h5ad").write_bytes(b"stale")
+    (ref / "notes.txt").write_text("not a reference: kept")
+    params = tiny_params(seed=3, cells=150, sections=[{"section_id": "liver_x", "organ": "Liver", "status": "Normal"}])
+    summary = fetch_synthetic(params.synthetic, params.seed, raw, ref)
+    assert summary["removed"] == ["dropped_section", "kidney.h5ad"]
+    assert sorted(p.name for p in raw.iterdir()) == ["liver_x"]
+    assert sorted(p.name for p in ref.iterdir()) == ["liver.h5ad", "notes.txt"]
+
+
 def test_bundle_files_and_metadata(tiny_panel):
     folder = _raw(tiny_panel, "tonsil_a")
     names = {p.name for p in folder.iterdir()}

@@ -118,9 +118,13 @@ def test_fetch_builds_the_section_folder(manifest: Path, served: Path, tmp_path:
         assert (section / name.removeprefix("outs/")).read_bytes() == data
     assert (section / f"{PREFIX}he_image.ome.tif").read_bytes() == (served / "he_image.ome.tif").read_bytes()
     assert (section / f"{PREFIX}he_imagealignment.csv").read_text().startswith("1,0,0")
+    served_files = {"bundle": "Xenium_V1_Test_outs.zip", "he_image": "he_image.ome.tif",
+                    "he_alignment": "he_imagealignment.csv"}
     assert json.loads((section / "section.json").read_text()) == {
         "section_id": "sec_a", "dataset": "Dataset sec_a", "organ": "Liver", "status": "Normal",
         "source": "10x", "prefix": PREFIX,
+        "files": {kind: {"sha256": hashlib.sha256((served / name).read_bytes()).hexdigest(),
+                         "bytes": (served / name).stat().st_size} for kind, name in served_files.items()},
     }
     assert sorted(p.name for p in raw.iterdir()) == ["sec_a"]
     assert list((tmp_path / "downloads").iterdir()) == []
@@ -131,8 +135,33 @@ def test_second_run_skips_the_finished_section(manifest: Path, server: tuple[str
     fetch_tenx(_config(manifest), tmp_path / "raw", tmp_path / "downloads")
     seen = len(requests)
     summary = fetch_tenx(_config(manifest, ["sec_a"]), tmp_path / "raw", tmp_path / "downloads")
-    assert summary == {"source": "10x", "fetched": [], "skipped": ["sec_a"], "bytes": 0}
+    assert summary == {"source": "10x", "fetched": [], "skipped": ["sec_a"], "removed": [], "bytes": 0}
     assert len(requests) == seen
+
+
+def test_section_built_from_other_files_is_fetched_again(manifest: Path, served: Path,
+                                                         server: tuple[str, list], tmp_path: Path) -> None:
+    """A finished section is reused only while its manifest row lists the same files (size, sha256)."""
+    _, requests = server
+    fetch_tenx(_config(manifest), tmp_path / "raw", tmp_path / "downloads")
+    record = tmp_path / "raw" / "sec_a" / "section.json"
+    stale = json.loads(record.read_text())
+    stale["files"]["he_image"]["sha256"] = "0" * 64  # as if built from an earlier version of the image
+    record.write_text(json.dumps(stale))
+    seen = len(requests)
+    summary = fetch_tenx(_config(manifest), tmp_path / "raw", tmp_path / "downloads")
+    assert summary["fetched"] == ["sec_a"] and summary["skipped"] == []
+    assert len(requests) == seen + 3
+    assert json.loads(record.read_text())["files"]["he_image"]["sha256"] != "0" * 64
+
+
+def test_sections_no_longer_selected_are_removed(manifest: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    (raw / "old_section").mkdir(parents=True)
+    (raw / "old_section" / "section.json").write_text("{}")
+    summary = fetch_tenx(_config(manifest), raw, tmp_path / "downloads")
+    assert summary["removed"] == ["old_section"]
+    assert sorted(p.name for p in raw.iterdir()) == ["sec_a"]
 
 
 def test_interrupted_download_is_resumed_from_the_cache(manifest: Path, served: Path,

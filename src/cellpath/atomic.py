@@ -74,3 +74,18 @@ def remove_stale_temporaries(folder: Path) -> int:
     for p in stale:
         remove_path(p)
     return len(stale)
+
+
+def prune_other_folders(folder: Path, keep: set[str]) -> list[str]:
+    """Delete the sub-folders of ``folder`` not named in ``keep`` (hidden ones aside); their sorted names.
+
+    For outputs that persist across DVC runs so that finished parts survive an interruption: parts
+    that the current parameters no longer ask for must not survive.
+    """
+    if not folder.is_dir():
+        return []
+    stale = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+                   and p.name not in keep)
+    for name in stale:
+        remove_path(folder / name)
+    return stale

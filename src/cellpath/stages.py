@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output, remove_path, remove_stale_temporaries
+from cellpath.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
 from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.sections import read_section_index, read_section_table, sections_dir
@@ -214,7 +214,7 @@ def run_extract(params: Params, data_dir: Path, encoder_name: str, magnification
                            f"{spec.slug} {magnification} {row.section_id}"),
                           artifact_dir(root, spec.slug, magnification, row.section_id),
                           is_complete=partial(is_complete, expected=expected), gpu=cfg.device == "cuda"))
-    stale = prune_other_sections(root / spec.slug / magnification, {section_id for section_id, _, _ in sizes})
+    stale = prune_other_folders(root / spec.slug / magnification, {section_id for section_id, _, _ in sizes})
     outcomes = run_tasks(tasks, params.executor)
     remove_stale_temporaries(root / spec.slug / magnification)  # left by a worker that died while writing
     done, computed = [], []
@@ -238,18 +238,6 @@ def run_extract(params: Params, data_dir: Path, encoder_name: str, magnification
     log.info("extract %s %s: %d section(s) computed, %d reused, %d stale removed", spec.slug, magnification,
              len(computed), len(done), len(stale))
     return {"computed": computed, "reused": done, "removed": stale}
-
-
-def prune_other_sections(folder: Path, sections: set[str]) -> list[str]:
-    """Delete section artifacts in ``folder`` that are not in ``sections`` (the output persists across
-    runs so finished sections survive an interruption; sections no longer evaluated must not)."""
-    if not folder.is_dir():
-        return []
-    stale = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-                   and p.name not in sections)
-    for name in stale:
-        remove_path(folder / name)
-    return stale
 
 
 @lru_cache(maxsize=1)

@@ -23,7 +23,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output, remove_stale_temporaries
+from cellpath.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
 from cellpath.config import SimulatedSection, SyntheticConfig
 from cellpath.coords import XENIUM_PIXEL_SIZE_UM
 from cellpath.ontology import inverse_aliases
@@ -187,6 +187,8 @@ def fetch_synthetic(config: SyntheticConfig, seed: int, raw_dir: Path, reference
     references_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(raw_dir)
     remove_stale_temporaries(references_dir)
+    organs = sorted({s.organ for s in config.sections})
+    removed = _remove_unlisted(raw_dir, references_dir, [s.section_id for s in config.sections], organs)
     summaries = []
     for section in config.sections:
         with atomic_output(raw_dir / section.section_id) as tmp:
@@ -196,10 +198,24 @@ def fetch_synthetic(config: SyntheticConfig, seed: int, raw_dir: Path, reference
                  section.section_id, section.organ, section.status, summary["n_cells"],
                  summary["registration_jitter_um"], summary["morphology_strength"])
         summaries.append(summary)
-    for organ in sorted({s.organ for s in config.sections}):
+    for organ in organs:
         adata = simulate_reference(organ, config, seed, panel, programs)
         with atomic_output(references_dir / f"{organ.lower()}.h5ad") as tmp:
             adata.write_h5ad(tmp)
         log.info("reference %s: %d cells × %d genes, %d types", organ, adata.n_obs, adata.n_vars,
                  adata.obs["cell_type"].nunique())
-    return {"sections": summaries, "references": sorted({s.organ for s in config.sections})}
+    return {"sections": summaries, "references": organs, "removed": removed}
+
+
+def _remove_unlisted(raw_dir: Path, references_dir: Path, section_ids: list[str], organs: list[str]) -> list[str]:
+    """Delete sections and references that ``synthetic.sections`` no longer lists (the outputs persist
+    across DVC runs); every listed one is simulated again. Returns the removed names."""
+    removed = prune_other_folders(raw_dir, set(section_ids))
+    wanted = {f"{organ.lower()}.h5ad" for organ in organs}
+    for path in sorted(references_dir.glob("*.h5ad")):
+        if path.name not in wanted:
+            path.unlink()
+            removed.append(path.name)
+    if removed:
+        log.info("removed %d section(s)/reference(s) no longer listed: %s", len(removed), ", ".join(removed))
+    return removed

@@ -2,9 +2,12 @@
 
 Per section, ``raw_dir/<section_id>/`` receives the unpacked bundle (``experiment.xenium``,
 ``cells.parquet``, ...), ``<prefix>he_image.ome.tif``, ``<prefix>he_imagealignment.csv`` and a
-``section.json`` that marks the section as finished. Downloads go to a cache folder outside
-``raw_dir`` first (``data/.downloads/`` from the stage; DVC deletes ``data/raw`` before rerunning
-fetch), so an interrupted run resumes its partial files; they are removed once a section is done.
+``section.json`` that marks the section as finished and records the size and sha256 of the three
+downloads it was built from. A finished section whose record matches its manifest row is kept;
+sections no longer selected are removed (``data/raw`` persists across DVC runs so that an
+interrupted fetch keeps its finished sections). Downloads go to a cache folder outside ``raw_dir``
+first (``data/.downloads/`` from the stage), so an interrupted run resumes its partial files; they
+are removed once a section is done.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cellpath.atomic import atomic_output, remove_path, remove_stale_temporaries
+from cellpath.atomic import atomic_output, prune_other_folders, remove_path, remove_stale_temporaries
 from cellpath.config import SECTION_ID_PATTERN, TenxConfig
 from cellpath.errors import InputError
 from cellpath.sources.download import SUPPORTED_SCHEMES, download_file, safe_extract
@@ -204,9 +207,9 @@ def fetch_tenx(config: TenxConfig, raw_dir: Path, downloads_dir: Path, *, base_d
     """Download and unpack the selected sections into ``raw_dir/<section_id>/``.
 
     Relative ``config.manifest``, ``raw_dir`` and ``downloads_dir`` are taken from ``base_dir``. Finished sections
-    (folder with ``section.json``) are skipped. Returns ``{"source", "fetched", "skipped",
-    "bytes"}``: section ids, and the total size in bytes of the files downloaded for the fetched
-    sections.
+    (``section.json`` matching the manifest row) are skipped; section folders not selected are
+    removed. Returns ``{"source", "fetched", "skipped", "removed", "bytes"}``: section ids, and the
+    total size in bytes of the files downloaded for the fetched sections.
     """
     manifest = base_dir / config.manifest
     raw_dir = base_dir / raw_dir
@@ -214,9 +217,12 @@ def fetch_tenx(config: TenxConfig, raw_dir: Path, downloads_dir: Path, *, base_d
     chosen = select_sections(read_manifest(manifest), list(config.sections), manifest)
     raw_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(raw_dir)
-    summary: dict = {"source": "10x", "fetched": [], "skipped": [], "bytes": 0}
+    removed = prune_other_folders(raw_dir, {section.section_id for section in chosen})
+    if removed:
+        log.info("removed %d section(s) no longer selected: %s", len(removed), ", ".join(removed))
+    summary: dict = {"source": "10x", "fetched": [], "skipped": [], "removed": removed, "bytes": 0}
     for section in chosen:
-        if (raw_dir / section.section_id / SECTION_MARKER).is_file():
+        if is_fetched(raw_dir / section.section_id, section):
             log.info("section %s: already fetched, skipping", section.section_id)
             summary["skipped"].append(section.section_id)
             continue
@@ -260,7 +266,16 @@ def _link_or_copy(source: Path, dest: Path) -> None:
         shutil.copyfile(source, dest)
 
 
-def _section_record(section: ManifestSection) -> dict[str, str]:
+def is_fetched(folder: Path, section: ManifestSection) -> bool:
+    """Whether ``folder`` is a finished section built from the files ``section`` lists now."""
+    try:
+        record = json.loads((folder / SECTION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return record == _section_record(section)
+
+
+def _section_record(section: ManifestSection) -> dict:
     return {
         "section_id": section.section_id,
         "dataset": section.dataset,
@@ -268,4 +283,6 @@ def _section_record(section: ManifestSection) -> dict[str, str]:
         "status": section.status,
         "source": "10x",
         "prefix": section.prefix,
+        "files": {kind: {"sha256": getattr(section, kind).sha256, "bytes": getattr(section, kind).size}
+                  for kind in FILE_KINDS},
     }
