@@ -80,3 +80,12 @@ def tiny_features(tiny_panel, tmp_path_factory) -> dict:
     run_concordance(tiny_panel["params"], data_dir, root / "reports")
     run_extract(tiny_panel["params"], data_dir, "filterbank-dense", "10x")
     return {"root": root, "data_dir": data_dir, "params": tiny_panel["params"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_dvc_run(tmp_path_factory) -> dict:
+    """A tiny DVC project and one completed `dvc repro` of it, shared by the tests that run DVC itself
+    (they copy it before changing anything)."""
+    from dvc_project import run_tiny_project
+
+    return run_tiny_project(tmp_path_factory.mktemp("tiny-dvc"))

@@ -30,8 +30,9 @@ def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
     return result.stdout + result.stderr
 
 
-def make_tiny_project(work: Path, store: Path | None = None) -> Path:
-    """Two simulated sections (150 cells), the filter bank at 10×, every stage: a git + DVC repo at ``work``."""
+def make_tiny_project(work: Path, magnifications: tuple[str, ...] = ("10x", "20x")) -> Path:
+    """Two simulated sections (150 cells), the filter bank at ``magnifications`` (two, so that the probe
+    has two tasks), every stage: a committed git + DVC repo at ``work`` that has never run."""
     work.mkdir(parents=True)
     for item in TRACKED:
         source, dest = PROJECT_ROOT / item, work / item
@@ -48,7 +49,7 @@ def make_tiny_project(work: Path, store: Path | None = None) -> Path:
     ]
     params["concordance"]["panel_sizes"] = [1, 2]
     params["panel"] = "S2"
-    params["extract"].update(encoders=["filterbank-dense"], magnifications=["10x"])
+    params["extract"].update(encoders=["filterbank-dense"], magnifications=list(magnifications))
     params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
                            min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
                            max_iter=20)
@@ -59,8 +60,14 @@ def make_tiny_project(work: Path, store: Path | None = None) -> Path:
     run(["git", "config", "user.email", "test@example.com"], work)
     run(["git", "config", "user.name", "test"], work)
     run(["dvc", "init", "-q"], work)
-    if store is not None:
-        run(["dvc", "remote", "add", "-d", "store", str(store)], work)
     run(["git", "add", "-A"], work)
     run(["git", "commit", "-qm", "tiny project"], work)
     return work
+
+
+def run_tiny_project(root: Path) -> dict:
+    """``root/pristine`` (never run) and ``root/completed`` (a copy after `dvc repro`), with that run's log."""
+    pristine = make_tiny_project(root / "pristine")
+    completed = root / "completed"
+    shutil.copytree(pristine, completed)
+    return {"pristine": pristine, "completed": completed, "log": run(["dvc", "repro"], completed)}

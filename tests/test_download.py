@@ -5,15 +5,12 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-import threading
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import pytest
+from http_server import FaultyServer, serving
 
 from cellpath.errors import DownloadError
 from cellpath.sources.download import download_file, part_path, safe_extract
@@ -21,61 +18,6 @@ from cellpath.sources.download import download_file, part_path, safe_extract
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
 FAST = {"retries": 2, "timeout_s": 5.0, "max_bytes": 10**6, "backoff_s": 0.0}
-
-
-@dataclass
-class FaultyServer:
-    """Serves ``root`` over HTTP; ``faults[path]`` is a queue of one-shot faults for that path:
-    ``"500"``, ``"ignore_range"`` or ``"truncate:N"`` (announce the full length, send N bytes)."""
-
-    root: Path
-    base_url: str = ""
-    faults: dict[str, list[str]] = field(default_factory=dict)
-    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
-
-    def url(self, name: str) -> str:
-        return f"{self.base_url}/{name}"
-
-    def ranges(self, name: str) -> list[str | None]:
-        return [r for p, r in self.requests if p == name]
-
-
-def _handler(state: FaultyServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            return None
-
-        def do_GET(self) -> None:
-            name = unquote(urlparse(self.path).path).lstrip("/")
-            state.requests.append((name, self.headers.get("Range")))
-            fault = state.faults.get(name, []).pop(0) if state.faults.get(name) else ""
-            path = state.root / name
-            if fault == "500" or not path.is_file():
-                self.send_error(500 if fault == "500" else 404)
-                return
-            data = path.read_bytes()
-            requested = self.headers.get("Range")
-            if requested and fault != "ignore_range":
-                start = int(requested.removeprefix("bytes=").rstrip("-"))
-                if start >= len(data):
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{len(data)}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_response(206)
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                data = data[start:]
-            else:
-                self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if fault.startswith("truncate:"):
-                data = data[: int(fault.split(":")[1])]
-            self.wfile.write(data)
-
-    return Handler
-
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
@@ -85,15 +27,8 @@ def server(tmp_path: Path) -> Iterator[FaultyServer]:
     root = tmp_path / "served"
     root.mkdir()
     (root / "data.bin").write_bytes(PAYLOAD)
-    state = FaultyServer(root=root)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    state.base_url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield state
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=5)
+    with serving(root) as state:
+        yield state
 
 
 def test_full_download_checks_size_and_sha(server: FaultyServer, tmp_path: Path) -> None:

@@ -9,18 +9,19 @@ and `dvc exp show` lists its metrics.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from dvc_project import dvc_env, make_tiny_project, run
+from dvc_project import dvc_env, run
 
 pytestmark = pytest.mark.slow
 
-STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "probe", "robustness",
-          "report"}
+STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "extract@filterbank-dense-20x",
+          "probe", "robustness", "report"}
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -29,11 +30,13 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> dict[str, Path]:
+def repo(tiny_dvc_run, tmp_path_factory) -> dict[str, Path]:
+    """A copy of the shared completed run, with a DVC remote."""
     root = tmp_path_factory.mktemp("e2e")
-    work = make_tiny_project(root / "work", store=root / "store")
-    first = run(["dvc", "repro"], work)
-    return {"work": work, "store": root / "store", "root": root, "first": first}
+    work = root / "work"
+    shutil.copytree(tiny_dvc_run["completed"], work)
+    run(["dvc", "remote", "add", "-d", "store", str(root / "store")], work)
+    return {"work": work, "store": root / "store", "root": root, "first": tiny_dvc_run["log"]}
 
 
 def test_repro_runs_both_stages_and_writes_outputs(repo):
@@ -48,8 +51,9 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert set(lock["stages"]) == STAGES
     panels = (work / "data" / "panels.csv").read_text().splitlines()
     assert panels[0].startswith("section_id,organ,score") and len(panels) == 3
-    features = work / "data" / "features" / "filterbank-dense" / "10x"
-    assert sorted(p.name for p in features.iterdir()) == ["colon_t", "skin_t"]
+    for magnification in ("10x", "20x"):
+        features = work / "data" / "features" / "filterbank-dense" / magnification
+        assert sorted(p.name for p in features.iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "labels").iterdir()) == [
         "colon_t.parquet", "marker_qc.csv", "skin_t.parquet", "summary.csv"]
     assert (work / "reports" / "annotation" / "metrics.json").is_file()

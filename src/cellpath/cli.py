@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     except CellPathError as exc:
         print(f"cellpath {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"cellpath {args.stage}: interrupted after {time.perf_counter() - started:.1f} s; finished work is "
+              "kept and partial outputs are discarded: rerun to resume", file=sys.stderr)
+        return 130
     log.info("%s finished in %.1f s", args.stage, time.perf_counter() - started)
     return 0
 
