@@ -14,6 +14,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -210,10 +213,38 @@ def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tm
     written = [json.loads(o.output.read_text()) for o in outcomes]
     assert [w["value"] for w in written] == ["0", "1", "2"]
     assert all(w["threads"] == expected for w in written)
-    passive = "PASSIVE" if 2 * 3 > (os.cpu_count() or 1) else None  # 2 workers x 3 threads
-    assert all(w["env"] == {"OMP_WAIT_POLICY": passive, "MALLOC_TRIM_THRESHOLD_": None} for w in written), written
+    if executor == DASK_2:  # each LocalCluster spawns fresh workers (the local pool: see the next test)
+        passive = "PASSIVE" if 2 * 3 > (os.cpu_count() or 1) else None  # 2 workers x 3 threads
+        assert all(w["env"] == {"OMP_WAIT_POLICY": passive, "MALLOC_TRIM_THRESHOLD_": None} for w in written), written
     assert "OMP_WAIT_POLICY" not in os.environ  # restored once the workers are gone
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_oversubscribed_local_pool_workers_wait_passively(tmp_path):
+    """In a fresh process, as a stage runs: the pool's forkserver starts once per process and its
+    workers inherit the environment of that start (the test session's may have started earlier)."""
+    script = f"""
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import torch
+from cellpath.config import ExecutorConfig
+from cellpath.executor import Task, run_tasks
+from executor_tasks import write_value
+os.environ.pop("OMP_WAIT_POLICY", None)
+torch.set_num_threads(os.cpu_count())  # 2 workers x all CPUs: oversubscribed on any machine
+out = Path({str(tmp_path)!r})
+outcomes = run_tasks([Task(f"t{{i}}", write_value, (str(i), 0.0), out / f"t{{i}}.json") for i in range(2)],
+                     ExecutorConfig(workers=2))
+print(json.dumps([json.loads(o.output.read_text())["env"] for o in outcomes]))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items()  # MALLOC_…: left by earlier clusters
+                                 if k not in ("OMP_WAIT_POLICY", "MALLOC_TRIM_THRESHOLD_")})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == [{"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_TRIM_THRESHOLD_": None}] * 2, (seen, result.stderr)
+    assert "oversubscribe them (workers wait passively)" in result.stderr
 
 
 def test_oversubscribed_workers_wait_passively_unless_the_environment_says_otherwise(monkeypatch):

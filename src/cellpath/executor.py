@@ -158,7 +158,9 @@ def oversubscription_guard(workers: int, threads: dict[str, int]) -> Iterator[No
     the workers started inside wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless the environment sets
     it). OpenMP threads otherwise spin while waiting for each other: on 2 CPUs, two processes of 2
     threads ran the filter bank 16× slower than two of 1 thread; with passive waiting 1.1×. The wait
-    policy changes no arithmetic, so results are unchanged."""
+    policy changes no arithmetic, so results are unchanged. Local pool workers fork from a forkserver
+    that starts once per process, with the environment of that start (a stage run from the CLI starts
+    its own inside this guard)."""
     cpus = os.cpu_count() or 1
     oversubscribed = workers * threads["torch"] > cpus
     if oversubscribed:
