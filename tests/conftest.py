@@ -14,6 +14,9 @@ import pytest  # noqa: E402
 from cellpath.config import Params, parse_params  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The only time limit a test may set: a guard against a hang, far above any run on a slow, loaded
+# machine. No verdict depends on how fast anything runs.
+HANG_GUARD_S = 1800
 
 TINY_SECTIONS = [
     {"section_id": "breast_a", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 2.0},

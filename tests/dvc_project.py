@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from conftest import HANG_GUARD_S
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
@@ -23,7 +24,7 @@ def dvc_env() -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
+def run(cmd: list[str], cwd: Path, timeout: int = HANG_GUARD_S) -> str:
     """Run a command; fail the test with its output when it fails."""
     result = subprocess.run(cmd, cwd=cwd, env=dvc_env(), capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"

@@ -16,7 +16,9 @@ from urllib.parse import unquote, urlparse
 class FaultyServer:
     """Serves ``root`` over HTTP with Range support; ``faults[path]`` is a queue of one-shot faults for
     that path: ``"500"``, ``"ignore_range"`` or ``"truncate:N"`` (announce the full length, send N
-    bytes). ``chunk_delay_s`` > 0 sends bodies in ``chunk_bytes`` pieces with that pause between them."""
+    bytes). ``chunk_delay_s`` > 0 sends bodies in ``chunk_bytes`` pieces with that pause between them.
+    ``hold[path] = (n, event)`` sends the first n bytes of that path's next body, then waits for the
+    event before sending the rest: a client is then mid-download for as long as a test needs."""
 
     root: Path
     base_url: str = ""
@@ -24,6 +26,7 @@ class FaultyServer:
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     chunk_bytes: int = 64 * 1024
     chunk_delay_s: float = 0.0
+    hold: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)  # path: (bytes, release)
 
     def url(self, name: str) -> str:
         return f"{self.base_url}/{name}"
@@ -64,13 +67,19 @@ def _handler(state: FaultyServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if fault.startswith("truncate:"):
                 data = data[: int(fault.split(":")[1])]
-            self._send(data)
+            self._send(data, name)
 
-        def _send(self, data: bytes) -> None:
-            if state.chunk_delay_s <= 0:
-                self.wfile.write(data)
-                return
+        def _send(self, data: bytes, name: str) -> None:
             try:
+                if name in state.hold:
+                    held_bytes, release = state.hold.pop(name)
+                    self.wfile.write(data[:held_bytes])
+                    self.wfile.flush()
+                    release.wait()
+                    data = data[held_bytes:]
+                if state.chunk_delay_s <= 0:
+                    self.wfile.write(data)
+                    return
                 for start in range(0, len(data), state.chunk_bytes):
                     self.wfile.write(data[start:start + state.chunk_bytes])
                     self.wfile.flush()

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 from cellpath.cli import build_parser, main
-from conftest import PROJECT_ROOT
+from conftest import HANG_GUARD_S, PROJECT_ROOT
 
 
 def test_validate_accepts_the_project_params(capsys):
@@ -34,5 +34,5 @@ def test_every_stage_has_help():
 
 def test_console_script_is_installed():
     exe = Path(sys.executable).parent / "cellpath"
-    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0 and "fetch" in result.stdout

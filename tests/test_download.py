@@ -17,7 +17,7 @@ from cellpath.sources.download import download_file, part_path, safe_extract
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
-FAST = {"retries": 2, "timeout_s": 5.0, "max_bytes": 10**6, "backoff_s": 0.0}
+FAST = {"retries": 2, "timeout_s": 60.0, "max_bytes": 10**6, "backoff_s": 0.0}
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 

@@ -32,7 +32,7 @@ from cellpath.probe_stage import probe_tasks, run_probe_stage
 from cellpath.probing import plan_runs
 from cellpath.robustness_stage import run_robustness_stage
 from cellpath.selection import evaluated_encoders
-from conftest import TINY_SECTIONS
+from conftest import HANG_GUARD_S, TINY_SECTIONS
 from executor_tasks import die_once, write_value
 
 DASK_2 = {"backend": "dask", "workers": 2}
@@ -238,7 +238,7 @@ outcomes = run_tasks([Task(f"t{{i}}", write_value, (str(i), 0.0), out / f"t{{i}}
                      ExecutorConfig(workers=2))
 print(json.dumps([json.loads(o.output.read_text())["env"] for o in outcomes]))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env={k: v for k, v in os.environ.items()  # MALLOC_…: left by earlier clusters
                                  if k not in ("OMP_WAIT_POLICY", "MALLOC_TRIM_THRESHOLD_")})
     assert result.returncode == 0, result.stderr

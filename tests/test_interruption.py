@@ -1,11 +1,13 @@
 """An interrupted `dvc repro` (SIGINT, as Ctrl-C sends it, and SIGKILL, to the whole process group):
 the rerun completes, gives the results of an uninterrupted run and reuses the work that was finished.
 
-Interruption points are mid-stage: the process group is frozen (SIGSTOP) once a stage has started a
-task while an earlier one is finished, what was finished is recorded, then the signal is sent.
-Extract and probe are interrupted four times in a row on the tiny project (SIGINT and SIGKILL in
-each); fetch (the 10x source) while it downloads a second section from a throttled server on
-127.0.0.1. See docs/decisions/0013-interruption-and-persistent-outputs.md.
+No test here races the clock. Extract and probe run with the executor's test gate
+(``CELLPATH_TASK_GATE``): every task that has written its output waits there until the test releases
+it, so the signal lands while a chosen task is mid-way (its output written but not yet in place) on
+any machine, however fast or loaded. Extract and probe are interrupted four times in a row on the
+tiny project (SIGINT and SIGKILL in each). Fetch (the 10x source) is interrupted while the local
+server holds the second section's download after its first MiB. The only time limits are hang guards
+(minutes, far above any run's length). See docs/decisions/0013-interruption-and-persistent-outputs.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -28,6 +31,9 @@ import pytest
 import yaml
 from dvc_project import dvc_env
 from http_server import FaultyServer, serving
+
+from cellpath.executor import TASK_GATE_VARIABLE
+from conftest import HANG_GUARD_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_only")]
 
@@ -48,7 +54,7 @@ def _results(work: Path) -> dict:
 def _repro(work: Path, *targets: str) -> str:
     """`dvc repro` to completion; its stdout and stderr as one stream (stage logs between their headers)."""
     result = subprocess.run(["dvc", "repro", *targets], cwd=work, env=dvc_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=600)
+                            stderr=subprocess.STDOUT, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, f"dvc repro failed ({result.returncode}):\n{result.stdout}"
     return result.stdout
 
@@ -70,28 +76,29 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _interrupt(work: Path, ready: Callable[[str], bool], finished: Callable[[], list[str]], sig: int,
-               command: tuple[str, ...] = ("dvc", "repro"), timeout: float = 300) -> tuple[list[str], str]:
-    """Run ``command`` in ``work``; once ``ready(log so far)`` holds, freeze its process group, record
-    ``finished()`` and send ``sig``. Returns what was finished and the run's log."""
+def _interrupt(work: Path, held: Callable[[dict], bool], finished: Callable[[], list[str]], sig: int,
+               command: tuple[str, ...] = ("dvc", "repro"), env: dict[str, str] | None = None,
+               after: Callable[[], None] = lambda: None) -> tuple[list[str], str]:
+    """Run ``command`` in ``work`` until ``held(state)`` says it is held at the interruption point, record
+    ``finished()``, send ``sig`` to its process group, call ``after()`` and wait for every process of the
+    group to end. ``state`` holds ``process`` and the run's ``log`` so far. Returns what was finished and
+    the run's log."""
     log_path = work.parent / f"{work.name}.{len(list(work.parent.glob(f'{work.name}.*.log')))}.log"
     with open(log_path, "w") as out:
-        process = subprocess.Popen(list(command), cwd=work, env=dvc_env(), stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not ready(log_path.read_text()):
+        process = subprocess.Popen(list(command), cwd=work, env=env or dvc_env(), stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not held({"process": process, "log": log_path.read_text()}):
             assert process.poll() is None, f"{command} ended before the interruption point:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, "the interruption point was never reached"
+            assert time.monotonic() < deadline, f"hang guard: no interruption point after {HANG_GUARD_S} s"
             time.sleep(0.01)
-        os.killpg(process.pid, signal.SIGSTOP)
         done = finished()
         os.killpg(process.pid, sig)
-        if sig != signal.SIGKILL:
-            os.killpg(process.pid, signal.SIGCONT)
-        process.wait(timeout=120)
-        deadline = time.monotonic() + 60
+        after()
+        process.wait(timeout=HANG_GUARD_S)
+        deadline = time.monotonic() + HANG_GUARD_S
         while _group_alive(process.pid):  # e.g. a stage command still removing its partial outputs
-            assert time.monotonic() < deadline, "processes of the interrupted run did not end"
+            assert time.monotonic() < deadline, "hang guard: processes of the interrupted run did not end"
             time.sleep(0.05)
     text = log_path.read_text()
     assert process.returncode != 0, f"{command} was not interrupted:\n{text}"
@@ -103,12 +110,30 @@ def _interrupt(work: Path, ready: Callable[[str], bool], finished: Callable[[], 
 # --- extract and probe: a tiny simulated panel at two magnifications ------------------------------------
 
 
-def _mid_task(stage: str, task: str) -> Callable[[str], bool]:
-    """Ready once ``stage`` has started task ``task`` (e.g. "2/2") and has not finished."""
-    def ready(log: str) -> bool:
-        text = _stage_log(log, stage)
-        return text is not None and f"task {task} started" in text and "finished in" not in text
-    return ready
+class Gate:
+    """The executor's test gate (``cellpath.executor.wait_at_gate``) seen from the test: tasks that wait
+    are released one by one, except the ``ordinal``-th task whose key starts with ``prefix``, which is
+    held (the interruption point)."""
+
+    def __init__(self, folder: Path, prefix: str, ordinal: int):
+        self.folder, self.prefix, self.ordinal = folder, prefix, ordinal
+        folder.mkdir(parents=True)
+        self.released: list[str] = []
+
+    def env(self) -> dict[str, str]:
+        return dvc_env() | {TASK_GATE_VARIABLE: str(self.folder)}
+
+    def held(self, state: dict) -> bool:
+        """Release every waiting task but the chosen one; True once the chosen one waits."""
+        for waiting in sorted(self.folder.glob("*.waiting")):
+            key = waiting.read_text()
+            if key in self.released:
+                continue
+            if key.startswith(self.prefix) and sum(k.startswith(self.prefix) for k in self.released) + 1 == self.ordinal:
+                return True
+            (self.folder / f"{waiting.stem}.go").touch()
+            self.released.append(key)
+        return False
 
 
 def _finished_sections(work: Path, magnification: str) -> Callable[[], list[str]]:
@@ -134,29 +159,34 @@ def reference(tiny_dvc_run) -> dict:
 
 
 def _assert_reused(log: str, stage: str, finished: list[str]) -> None:
-    """The rerun of ``stage`` found at least the tasks recorded as finished, and not all of them."""
+    """The rerun of ``stage`` found exactly the tasks recorded as finished, and not all of them."""
     text = _stage_log(log, stage)
     assert text is not None, f"stage {stage} did not rerun:\n{log}"
     reused = REUSED.search(text)
     assert reused is not None, f"no executor line in the rerun of {stage}:\n{text}"
     total, complete = map(int, reused.groups())
-    assert len(finished) <= complete < total, (finished, text)
+    assert complete == len(finished) < total, (finished, text)
 
 
 def test_interrupted_extract_and_probe_resume_identically(pristine, reference, tmp_path):
-    """Four interruptions in a row, each in the middle of a stage, each rerun picking up the work left."""
+    """Four interruptions in a row, each in the middle of a task, each rerun picking up the work left."""
     work = tmp_path / "work"
     shutil.copytree(pristine, work)
     at_10x, at_20x = "extract@filterbank-dense-10x", "extract@filterbank-dense-20x"
-    sections_10x, _ = _interrupt(work, _mid_task(at_10x, "2/2"), _finished_sections(work, "10x"), signal.SIGINT)
-    assert len(sections_10x) == 1, sections_10x  # frozen while the second section was being extracted
-    sections_20x, log = _interrupt(work, _mid_task(at_20x, "2/2"), _finished_sections(work, "20x"), signal.SIGKILL)
+
+    def interrupt(prefix: str, ordinal: int, finished: Callable[[], list[str]], sig: int) -> tuple[list[str], str]:
+        gate = Gate(tmp_path / f"gate-{len(list(tmp_path.glob('gate-*')))}", prefix, ordinal)
+        return _interrupt(work, gate.held, finished, sig, env=gate.env())
+
+    sections_10x, _ = interrupt("extract-filterbank-dense-10x-", 2, _finished_sections(work, "10x"), signal.SIGINT)
+    assert len(sections_10x) == 1, sections_10x  # held while the second section was being extracted
+    sections_20x, log = interrupt("extract-filterbank-dense-20x-", 2, _finished_sections(work, "20x"), signal.SIGKILL)
     _assert_reused(log, at_10x, sections_10x)
     assert len(sections_20x) == 1, sections_20x
-    shards, log = _interrupt(work, _mid_task("probe", "2/2"), _finished_shards(work), signal.SIGINT)
+    shards, log = interrupt("probe-", 2, _finished_shards(work), signal.SIGINT)
     _assert_reused(log, at_20x, sections_20x)
-    assert len(shards) == 1, shards  # frozen while the second shard was being fitted
-    still, log = _interrupt(work, _mid_task("probe", "1/1"), _finished_shards(work), signal.SIGKILL)
+    assert len(shards) == 1, shards  # held while the second shard was being fitted
+    still, log = interrupt("probe-", 1, _finished_shards(work), signal.SIGKILL)
     _assert_reused(log, "probe", shards)
     assert still == shards
     rerun = _repro(work)
@@ -178,7 +208,7 @@ PREFIX = "Xenium_V1_Test_"
 
 
 def _serve_sections(root: Path) -> None:
-    """Per section a 2 MiB bundle (incompressible, so the download takes time), an image, an alignment."""
+    """Per section a 2 MiB bundle (incompressible: two full download chunks), an image, an alignment."""
     rng = random.Random(0)
     for section in SECTIONS:
         folder = root / section
@@ -209,11 +239,18 @@ def _manifest_rows(root: Path, base_url: str) -> list[dict[str, str]]:
 
 
 def _fetch_project(pristine: Path, work: Path, rows: list[dict[str, str]]) -> Path:
+    """The tiny project on the 10x source, with the organ's reference in place (validate asks for it)."""
+    import anndata as ad
+    import numpy as np
+
     shutil.copytree(pristine, work)
     pd.DataFrame(rows).to_csv(work / "data" / "manifests" / "xenium_datasets.csv", index=False)
+    (work / "data" / "references").mkdir(parents=True)
+    ad.AnnData(np.ones((2, 2), dtype=np.float32), obs=pd.DataFrame({"cell_type": ["a", "b"]}, index=["c1", "c2"])
+               ).write_h5ad(work / "data" / "references" / "liver.h5ad")
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["source"] = "10x"
-    params["tenx"].update(retries=0, timeout_s=10.0)
+    params["tenx"].update(retries=0, timeout_s=60.0)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return work
 
@@ -222,7 +259,7 @@ def _fetch_project(pristine: Path, work: Path, rows: list[dict[str, str]]) -> Pa
 def fetch_server(tmp_path_factory) -> Iterator[tuple[Path, FaultyServer]]:
     served = tmp_path_factory.mktemp("served")
     _serve_sections(served)
-    with serving(served, chunk_bytes=32 * 1024, chunk_delay_s=0.02) as server:  # ~1.3 s per bundle
+    with serving(served) as server:
         yield served, server
 
 
@@ -242,22 +279,31 @@ def fetched(pristine, fetch_server, tmp_path_factory) -> tuple[list[dict[str, st
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
 def test_interrupted_fetch_keeps_finished_sections_and_resumes_the_download(pristine, fetch_server, fetched, tmp_path,
                                                                              sig):
+    """The server holds sec_b's bundle after its first MiB and a bit: the downloader has written one
+    full chunk to the partial file and waits in its next read until the signal arrives."""
+    from cellpath.sources.download import CHUNK_BYTES
+
     _, server = fetch_server
     rows, expected = fetched
     work = _fetch_project(pristine, tmp_path / "work", rows)
     part = work / "data" / ".downloads" / "sec_b" / "bundle.part"
+    release = threading.Event()
+    server.hold["sec_b/outs.zip"] = (CHUNK_BYTES + 64 * 1024, release)
 
-    def ready(log: str) -> bool:
-        return (work / "data" / "raw" / "sec_a" / "section.json").is_file() and part.is_file() \
-            and part.stat().st_size >= 128 * 1024
+    def held(state: dict) -> bool:
+        return part.is_file() and part.stat().st_size >= CHUNK_BYTES
 
     def finished() -> list[str]:
         return sorted(p.name for p in (work / "data" / "raw").iterdir() if not p.name.startswith("."))
 
-    done, _ = _interrupt(work, ready, finished, sig, command=("dvc", "repro", "fetch"))
+    try:
+        done, _ = _interrupt(work, held, finished, sig, command=("dvc", "repro", "fetch"), after=release.set)
+    finally:
+        release.set()
+        server.hold.clear()
     assert done == ["sec_a"]
     resumed_from = part.stat().st_size
-    assert 0 < resumed_from < 2 * 1024 * 1024
+    assert resumed_from == CHUNK_BYTES  # what the downloader had written: the held bytes never reach the file
     server.requests.clear()
     rerun = _repro(work, "fetch")
     assert "section sec_a: already fetched, skipping" in rerun

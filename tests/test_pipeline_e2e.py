@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 from dvc_project import dvc_env, run
+from conftest import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +135,7 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
     assert set(runs["protocol"]) == {"mocv"}
     show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=dvc_env(), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_GUARD_S)
     assert show.returncode == 0, show.stderr
     shown = json.loads(show.stdout)
     experiment = _find_experiment(shown, "mocv-only")

@@ -17,6 +17,7 @@ from cellpath.probe_stage import headline_metrics, run_counts, summarise, write_
 from cellpath.report import tables
 from cellpath.report.thumbnails import crop_bounds, section_thumbnail
 from cellpath.report_stage import build_tables, load_inputs, run_report_stage
+from conftest import HANG_GUARD_S
 
 MODELS = {"filterbank-dense": 0.5, "random-vit-t16": 0.4, "random-vit-s16": 0.3}  # base Macro-F1
 SECTIONS = {"s1": ("O1", 0.00), "s2": ("O1", 0.04), "s3": ("O2", 0.02), "s4": ("O2", 0.06),
@@ -266,12 +267,12 @@ def test_page_renders_in_headless_chromium(page, tmp_path):
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page["path"].as_uri()], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=HANG_GUARD_S)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'id="headline"' in dom.stdout and "62.67 ± 1.15" in dom.stdout
     shot = tmp_path / "page.png"
     subprocess.run([CHROMIUM, *flags, "--window-size=1200,2000", f"--screenshot={shot}", page["path"].as_uri()],
-                   capture_output=True, timeout=120, check=True)
+                   capture_output=True, timeout=HANG_GUARD_S, check=True)
     from PIL import Image
 
     pixels = np.asarray(Image.open(shot).convert("L"))

@@ -104,7 +104,7 @@ def manifest(tmp_path: Path, served: Path, server: tuple[str, list]) -> Path:
 
 
 def _config(manifest: Path, sections: list[str] | None = None) -> TenxConfig:
-    return TenxConfig(manifest=manifest, sections=sections or [], retries=1, timeout_s=5.0,
+    return TenxConfig(manifest=manifest, sections=sections or [], retries=1, timeout_s=60.0,
                       max_file_bytes=10**6)
 
 

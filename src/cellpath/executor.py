@@ -32,6 +32,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -46,6 +47,7 @@ from cellpath.errors import CellPathError
 log = logging.getLogger(__name__)
 
 DASK_RETRIES = 2  # reruns of a task that raised (a worker that died is rescheduled by Dask itself)
+TASK_GATE_VARIABLE = "CELLPATH_TASK_GATE"  # tests only: a folder where finished tasks wait (see wait_at_gate)
 _THREAD_VARIABLES = {"openmp": ("OMP_NUM_THREADS",), "blas": ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
@@ -126,7 +128,29 @@ def execute(task: Task, threads: dict[str, int] | None = None) -> Outcome:
     with pinned_threads(threads) if threads else contextlib.nullcontext():
         with atomic_output(task.output) as out:
             task.fn(out, *task.args)
+            wait_at_gate(task.key)
     return Outcome(task.key, task.output, True, time.perf_counter() - started)
+
+
+def gate_name(key: str) -> str:
+    """A task key as a file name in the gate folder."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
+
+
+def wait_at_gate(key: str) -> None:
+    """A test hook, inert unless ``CELLPATH_TASK_GATE`` names a folder: a task that has written its
+    output (not yet renamed into place) announces ``<name>.waiting`` there and waits until
+    ``<name>.go`` exists. A test can so interrupt a run at an exact task on any machine, however
+    fast, instead of racing the clock (tests/test_interruption.py)."""
+    folder = os.environ.get(TASK_GATE_VARIABLE)
+    if not folder:
+        return
+    name = gate_name(key)
+    with atomic_output(Path(folder) / f"{name}.waiting") as tmp:
+        tmp.write_text(key)
+    release = Path(folder) / f"{name}.go"
+    while not release.exists():
+        time.sleep(0.01)
 
 
 def run_tasks(tasks: list[Task], cfg: ExecutorConfig) -> list[Outcome]:
