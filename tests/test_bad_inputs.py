@@ -431,7 +431,8 @@ def _params_file(tmp: Path, change: Callable[[dict], None]) -> Scenario:
 
 PARAMS_ROWS = {
     "params-unknown-key": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["annotate"].update(confidence=0.4)),
-                              ConfigError, r"^\S+/params\.yaml: unknown key `annotate\.confidence`; allowed keys here: "
+                              ConfigError, r"^\S+/params\.yaml: unknown key `annotate\.confidence`: did you mean "
+                              r"`confidence_threshold`\? allowed keys here: "
                               r"references, label_column, label_vocabulary, regularisation_c, confidence_threshold"),
     "params-out-of-range": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["probe"].update(val_fraction=1.5)),
                                ConfigError,

@@ -1,14 +1,39 @@
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from cellpath.cli import build_parser, main
 from conftest import HANG_GUARD_S, PROJECT_ROOT
 
 
-def test_validate_accepts_the_project_params(capsys):
-    assert main(["validate", "--params", str(PROJECT_ROOT / "params.yaml")]) == 0
-    assert "valid (source=synthetic, 12 simulated sections)" in capsys.readouterr().out
+def test_validate_accepts_the_project_params(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(PROJECT_ROOT)
+    record = tmp_path / "validated.json"
+    assert main(["validate", "--params", str(PROJECT_ROOT / "params.yaml"), "--record", str(record)]) == 0
+    assert "params.yaml: valid (source=synthetic, encoders: random-vit-t16, filterbank-dense)" in capsys.readouterr().out
+    assert json.loads(record.read_text()) == {"params": str(PROJECT_ROOT / "params.yaml"), "valid": True}
+
+
+def test_validate_lists_every_problem_at_once(capsys, monkeypatch, tmp_path):
+    """Three problems of different kinds in one file: a typo, an unknown encoder, too many MOCV folds."""
+    monkeypatch.chdir(PROJECT_ROOT)
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    params["probe"]["max_train_cell"] = 100
+    params["extract"]["encoders"] = ["filterbank-dense", "random-vit-t61"]
+    params["probe"]["mocv_folds"] = 13
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(params, sort_keys=False))
+    record = tmp_path / "validated.json"
+    assert main(["validate", "--params", str(bad), "--record", str(record)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cellpath validate: error: 3 problem(s)"), err
+    assert f"{bad}: unknown key `probe.max_train_cell`: did you mean `max_train_cells`?" in err
+    assert "extract.encoders: 'random-vit-t61': not a slug in models/encoders.yaml; did you mean 'random-vit-t16'?" in err
+    assert "probe.mocv_folds: 13 folds need at least as many sections; panel S12 has 12" in err
+    assert not record.exists()
 
 
 def test_bad_params_exit_2_with_one_message(tmp_path, capsys):

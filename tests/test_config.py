@@ -36,7 +36,7 @@ def test_unknown_key_names_the_key_and_allowed_keys():
 def test_unknown_top_level_key():
     data = _base()
     data["protocl"] = "mocv"
-    with pytest.raises(ConfigError, match=r"unknown key `protocl`; allowed keys here: source, seed"):
+    with pytest.raises(ConfigError, match=r"unknown key `protocl`: did you mean `protocol`\? allowed keys here: source, seed"):
         parse_params(data)
 
 

@@ -267,7 +267,7 @@ def test_oversubscribed_workers_wait_passively_unless_the_environment_says_other
     ({"backend": "dask", "address": "10.0.0.5:8786"}, "key `executor.address`: expected a Dask scheduler address"),
     ({"address": "tcp://10.0.0.5:8786"}, "key `executor`: address and cluster: slurm are Dask settings"),
     ({"cluster": "pbs"}, "key `executor.cluster`: Input should be 'local' or 'slurm'"),
-    ({"slurm_options": {}}, "unknown key `executor.slurm_options`; allowed keys here: backend, workers, address"),
+    ({"slurm_options": {}}, "unknown key `executor.slurm_options`: allowed keys here: backend, workers, address"),
 ])
 def test_executor_block_is_validated(executor, needle):
     with pytest.raises(ConfigError) as err:

@@ -97,10 +97,23 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from cellpath.config import load_params
+    import json
 
+    from cellpath.atomic import atomic_output
+    from cellpath.config import load_params
+    from cellpath.errors import ConfigError
+    from cellpath.preflight import check_project
+
+    problems = check_project(Path(args.params), data_dir=Path(args.data_dir))
+    if problems:
+        listed = "\n".join(f"  - {problem}" for problem in problems)
+        raise ConfigError(f"{len(problems)} problem(s); fix them and rerun (no stage has run or removed "
+                          f"anything):\n{listed}")
     params = load_params(args.params)
-    print(f"{args.params}: valid (source={params.source}, {len(params.synthetic.sections)} simulated sections)")
+    if args.record:  # the validate stage's output: every other stage depends on it, so its content is fixed
+        with atomic_output(Path(args.record)) as tmp:
+            tmp.write_text(json.dumps({"params": str(args.params), "valid": True}) + "\n")
+    print(f"{args.params}: valid (source={params.source}, encoders: {', '.join(params.extract.encoders)})")
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -123,7 +136,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
     "robustness": (_robustness, "CRoMa, F(0), LTM, RI, MaRI, k-NN probes and the shortcut probe (APD, nIPD) per encoder"),
     "report": (_report, "the HTML report (reports/index.html), its tables (CSV, Markdown) and figures"),
-    "validate": (_validate, "check params.yaml and print a one-line summary"),
+    "validate": (_validate, "check params.yaml and what it points to (encoders, weights, references, CellViT++ "
+                            "outputs, URLs, panel sizes); list every problem at once"),
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
 }
 
@@ -140,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "extract":
             stage.add_argument("--encoder", help="registry name or slug (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
+        if name == "validate":
+            stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")
         if name == "plan":
             stage.add_argument("--preset", choices=["current", "paper"], default="current",
                                help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds")

@@ -7,6 +7,8 @@ raw dictionaries. Every validation failure becomes one :class:`ConfigError` that
 
 from __future__ import annotations
 
+import copy
+import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cellpath.errors import ConfigError
+from cellpath.errors import ConfigError, Problem
 
 # Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
 SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
@@ -296,31 +298,33 @@ class Params(_Strict):
         return self
 
 
+def _key_path(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """A pydantic error location less its internal union / validator branch names (not user keys)."""
+    internal = r"(function-after|literal|tuple|list)\[.*\]|int|float|none|str"
+    return tuple(part for part in loc if isinstance(part, int) or not re.fullmatch(internal, str(part)))
+
+
 def _format_location(loc: tuple[str | int, ...]) -> str:
     text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif re.fullmatch(r"(function-after|literal|tuple|list)\[.*\]|int|float|none|str", str(part)):
-            continue  # pydantic's internal union/validator branch names are not user keys
-        else:
-            text += f".{part}" if text else str(part)
+    for part in _key_path(loc):
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 
 
-def _format_error(err: dict, source: str) -> str:
+def _problem(err: dict, source: str) -> Problem:
     key = _format_location(tuple(err["loc"]))
-    kind = err["type"]
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(tuple(err["loc"][:-1]))
+        match = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1, cutoff=0.6)
+        hint = f"did you mean `{match[0]}`? " if match else ""
+        return Problem(f"{source}: unknown key `{key}`", f"{hint}allowed keys here: {', '.join(allowed)}")
     msg = err["msg"].removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        parent_loc = tuple(err["loc"][:-1])
-        return f"{source}: unknown key `{key}`; allowed keys here: {_allowed_keys(parent_loc)}"
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) or len(repr(value)) < 60 else ""
-    return f"{source}: key `{key}`: {msg}{shown}"
+    return Problem(f"{source}: key `{key}`", f"{msg}{shown}")
 
 
-def _allowed_keys(parent_loc: tuple) -> str:
+def _allowed_keys(parent_loc: tuple) -> list[str]:
     model: type[BaseModel] = Params
     for part in parent_loc:
         if isinstance(part, int):
@@ -334,18 +338,80 @@ def _allowed_keys(parent_loc: tuple) -> str:
         if not nested:
             break
         model = nested[0]
-    return ", ".join(model.model_fields)
+    return list(model.model_fields)
+
+
+def _nested_model(annotation: object) -> type[BaseModel] | None:
+    """The model a field holds (directly, optionally, or as list elements), else None."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        for inner in (candidate, *getattr(candidate, "__args__", ())):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
+def _field_path(loc: tuple[str | int, ...], extra: bool) -> tuple[str | int, ...]:
+    """The key path down to the deepest model field on ``loc`` (or to the unknown key itself):
+    removing that key lets the field's default apply without inventing a value inside it."""
+    path, model, keep = _key_path(loc), Params, 0
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            continue  # a list element: the list's element model
+        if model is None or part not in model.model_fields:
+            keep = i + 1 if extra and i == len(path) - 1 else keep
+            break
+        keep, model = i + 1, _nested_model(model.model_fields[part].annotation)
+    return path[:keep]
+
+
+def _remove(data: dict, path: tuple[str | int, ...]) -> None:
+    """Delete the key at ``path`` (nothing when an enclosing key is gone already)."""
+    container = data
+    for part in path[:-1]:
+        try:
+            container = container[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(container, dict):
+        container.pop(path[-1], None)
+
+
+def params_problems(data: object, source: str = "params.yaml") -> tuple[Params | None, list[Problem]]:
+    """Every schema problem of a parsed params mapping, and the Params the rest of it makes.
+
+    Pydantic reports every field error of one pass, but a model's own checks run only once its
+    fields are valid. So each pass's faulty fields are removed (their defaults apply) and the rest
+    is validated again, until it validates (returned, for the checks that need Params) or a faulty
+    field has no default (None). A field missing only because a pass removed it is not reported."""
+    if not isinstance(data, dict):
+        return None, [Problem(source, f"expected a mapping at the top level, got {type(data).__name__}")]
+    remaining, problems, removed = copy.deepcopy(data), [], []
+    while True:
+        try:
+            return Params.model_validate(remaining), problems
+        except ValidationError as exc:
+            repairable = True
+            for err in exc.errors():
+                path = _field_path(tuple(err["loc"]), extra=err["type"] == "extra_forbidden")
+                if err["type"] == "missing" and any(path[:len(r)] == r for r in removed):
+                    repairable = False  # required, and removed by an earlier pass: already reported
+                    continue
+                problems.append(_problem(err, source))
+                if not path or err["type"] == "missing":
+                    repairable = False
+                    continue
+                _remove(remaining, path)
+                removed.append(path)
+            if not repairable:
+                return None, problems
 
 
 def parse_params(data: object, source: str = "params.yaml") -> Params:
     """Validate a parsed params mapping; raise one ConfigError listing every problem."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return Params.model_validate(data)
-    except ValidationError as exc:
-        lines = [_format_error(e, source) for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from None
+    params, problems = params_problems(data, source)
+    if problems or params is None:
+        raise ConfigError("\n".join(map(str, problems)))
+    return params
 
 
 def load_params(path: Path | str = "params.yaml") -> Params:

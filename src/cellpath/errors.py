@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found by a check that lists them all: ``where`` (parameter, file or section) and
+    ``message`` (what is wrong and what to do)."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
 
 
 class CellPathError(Exception):

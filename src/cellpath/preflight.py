@@ -1,0 +1,230 @@
+"""Preflight: every problem that can be known before a stage runs, found at once.
+
+``cellpath validate`` (the first DVC stage, which every other stage depends on) calls
+:func:`check_project`. DVC removes a stage's outputs before it runs the stage, so a problem found
+only inside the stage costs the previous results; found here, DVC stops at the validate stage and
+every earlier output stays as it was (docs/decisions/0014-validate-before-any-output-is-removed.md).
+
+What is checked, beyond the schema of params.yaml (:mod:`cellpath.config`):
+
+- ``extract.encoders``: each entry a registry slug (it names the DVC output folder), with an
+  adapter, and for hub models weights in ``models/<slug>/`` or the Hugging Face cache;
+- the sections the run will have: the simulated ones, or for ``source: 10x`` the manifest rows
+  selected by ``tenx.sections``, each with its download URLs;
+- ``concordance.cellvit_dir``: a CellViT++ output for every section;
+- ``annotate``: a reference per organ (or per mapped section) holding ``label_column``;
+- ``concordance.panel_sizes`` and ``panel`` against the number of sections, ``probe.mocv_folds``
+  against the panel's sections, ``robustness.shortcut.held_out`` against the confounder's levels;
+- ``executor``: the packages a Dask or SLURM backend needs.
+
+Each :class:`Problem` names the parameter, file or section at fault and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cellpath.config import Params, params_problems
+from cellpath.errors import CellPathError, Problem
+
+SIMULATED_REFERENCE_LABEL_COLUMN = "cell_type"  # the obs column the simulator's references label cells in
+
+
+@dataclass(frozen=True)
+class PlannedSection:
+    """A section the run will have, known before fetch: its id, organ and H&E file name."""
+
+    section_id: str
+    organ: str
+    he_image: str
+
+
+def check_project(params_path: Path, root: Path = Path("."), data_dir: Path = Path("data")) -> list[Problem]:
+    """Every problem of ``params_path`` and of the files it points to (relative to ``root``)."""
+    params_path = Path(params_path)
+    if not params_path.is_file():
+        return [Problem(str(params_path), "parameter file not found; run from the project root or pass --params")]
+    try:
+        data = yaml.safe_load(params_path.read_text())
+    except yaml.YAMLError as exc:
+        return [Problem(str(params_path), f"not valid YAML: {exc}")]
+    params, problems = params_problems(data, str(params_path))
+    if params is None:
+        return problems
+    return problems + check_params(params, Path(root), Path(data_dir))
+
+
+def check_params(params: Params, root: Path, data_dir: Path) -> list[Problem]:
+    """The checks beyond the schema, for parameters that are valid on their own."""
+    problems = _check_encoders(params, root)
+    sections, section_problems = planned_sections(params, root)
+    problems += section_problems
+    problems += _check_executor(params)
+    if not sections:
+        return problems
+    problems += _check_cellvit(params, root, sections)
+    problems += _check_references(params, root / data_dir, sections)
+    problems += _check_panels(params, sections)
+    return problems
+
+
+def _close(word: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _check_encoders(params: Params, root: Path) -> list[Problem]:
+    from cellpath.encoders.loading import EncoderUnavailable, find_weights
+    from cellpath.encoders.registry import RegistryError, load_registry
+
+    cfg = params.extract
+    try:
+        registry = load_registry(root / cfg.registry)
+    except RegistryError as exc:
+        return [Problem("extract.registry", str(exc))]
+    by_slug = {spec.slug: spec for spec in registry.values()}
+    problems = []
+    for entry in cfg.encoders:
+        where = f"extract.encoders: {entry!r}"
+        spec = by_slug.get(entry)
+        if spec is None:
+            if entry in registry:
+                problems.append(Problem(where, f"a registry name; list its slug {registry[entry].slug!r} instead "
+                                               "(the slug names the DVC output folder data/features/<slug>)"))
+            else:
+                problems.append(Problem(where, f"not a slug in {cfg.registry}{_close(entry, sorted(by_slug))} "
+                                               f"(known: {', '.join(sorted(by_slug))})"))
+            continue
+        if spec.loader.startswith("custom:"):
+            problems.append(Problem(where, f"cellpath has no loader for {spec.loader!r} yet; it needs "
+                                           f"{spec.requires}. Leave it out of extract.encoders until that adapter exists"))
+        elif not spec.loader.startswith("offline:"):
+            try:
+                find_weights(spec, weights_dir=root / cfg.weights_dir)
+            except EncoderUnavailable as exc:
+                problems.append(Problem(where, str(exc)))
+    return problems
+
+
+def planned_sections(params: Params, root: Path) -> tuple[list[PlannedSection], list[Problem]]:
+    """The sections fetch will write: simulated, or the selected 10x manifest rows with URLs."""
+    if params.source == "synthetic":
+        return [PlannedSection(s.section_id, s.organ, f"{s.section_id}_he_image.ome.tif")
+                for s in params.synthetic.sections], []
+    from cellpath.sources.tenx import read_manifest, select_sections
+
+    manifest = root / params.tenx.manifest
+    try:
+        chosen = select_sections(read_manifest(manifest), list(params.tenx.sections), manifest)
+    except CellPathError as exc:
+        return [], [Problem("source: 10x", str(exc))]
+    return [PlannedSection(s.section_id, s.organ, s.he_image_name) for s in chosen], []
+
+
+def _check_cellvit(params: Params, root: Path, sections: list[PlannedSection]) -> list[Problem]:
+    from cellpath.cellvit import find_cellvit_output
+
+    folder = params.concordance.cellvit_dir
+    if folder is None:
+        return []
+    folder = root / folder
+    if not folder.is_dir():
+        return [Problem("concordance.cellvit_dir", f"{folder}: folder not found; set it to the folder CellViT++ "
+                                                   "wrote (--outdir), or null for the built-in detector")]
+    problems = []
+    for section in sections:
+        try:
+            find_cellvit_output(folder, section.section_id, wsi_name=section.he_image)
+        except CellPathError as exc:
+            problems.append(Problem("concordance.cellvit_dir", str(exc)))
+    return problems
+
+
+def _reference_name(params: Params, section: PlannedSection) -> str:
+    return params.annotate.references.get(section.section_id, section.organ.lower())
+
+
+def _check_references(params: Params, data_dir: Path, sections: list[PlannedSection]) -> list[Problem]:
+    cfg = params.annotate
+    known = {s.section_id for s in sections}
+    problems = [Problem(f"annotate.references: {sid!r}", "not a section of this run"
+                        f"{_close(sid, sorted(known))}") for sid in cfg.references if sid not in known]
+    needed = sorted({_reference_name(params, s) for s in sections})
+    if params.source == "synthetic":  # fetch writes one reference per simulated organ
+        simulated = sorted({s.organ.lower() for s in sections})
+        problems += [Problem(f"annotate.references: reference {name!r}",
+                             f"the simulator writes references {', '.join(simulated)} only{_close(name, simulated)}")
+                     for name in needed if name not in simulated]
+        if cfg.label_column != SIMULATED_REFERENCE_LABEL_COLUMN:
+            problems.append(Problem("annotate.label_column", f"{cfg.label_column!r} is not a column of the simulated "
+                                    f"references; they label cells in {SIMULATED_REFERENCE_LABEL_COLUMN!r}"))
+        return problems
+    folder = data_dir / "references"
+    for name in needed:
+        path = folder / f"{name}.h5ad"
+        if not path.is_file():
+            available = sorted(p.stem for p in folder.glob("*.h5ad")) if folder.is_dir() else []
+            problems.append(Problem(str(path), f"no reference {name!r} (available: {', '.join(available) or 'none'}); "
+                                               "put the organ's labelled .h5ad there before running (fetch downloads "
+                                               "only the 10x files) or map its sections in annotate.references"))
+            continue
+        columns = _obs_columns(path)
+        if columns is None:
+            problems.append(Problem(str(path), "cannot read the reference's obs (not an .h5ad file, or truncated)"))
+        elif cfg.label_column not in columns:
+            problems.append(Problem(f"annotate.label_column: {cfg.label_column!r}",
+                                    f"not a column of {path} (obs columns: {', '.join(columns)})"
+                                    f"{_close(cfg.label_column, columns)}"))
+    return problems
+
+
+def _obs_columns(path: Path) -> list[str] | None:
+    """The obs column names of an .h5ad file, read without loading the matrix (None if unreadable)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as handle:
+            obs = handle["obs"]
+            order = obs.attrs.get("column-order")
+            if order is None:  # very old files: a compound dataset
+                return [str(n) for n in obs.dtype.names or ()]
+            return [str(c) for c in (order.tolist() if hasattr(order, "tolist") else order)]
+    except (OSError, KeyError):
+        return None
+
+
+def _check_panels(params: Params, sections: list[PlannedSection]) -> list[Problem]:
+    n_sections = len(sections)
+    problems = []
+    too_large = [size for size in params.concordance.panel_sizes if size > n_sections]
+    if too_large:
+        problems.append(Problem("concordance.panel_sizes", f"panel(s) {', '.join(f'S{s}' for s in too_large)} need more "
+                                                           f"sections than the {n_sections} this run has"))
+    panel_size = int(params.panel[1:])
+    if "mocv" in params.protocols and params.probe.mocv_folds > min(panel_size, n_sections):
+        problems.append(Problem("probe.mocv_folds", f"{params.probe.mocv_folds} folds need at least as many sections; "
+                                                    f"panel {params.panel} has {min(panel_size, n_sections)}"))
+    shortcut = params.robustness.shortcut
+    if shortcut.enabled:
+        levels = {getattr(s, shortcut.confounder) for s in sections}
+        if len(levels) - shortcut.held_out < 2:
+            problems.append(Problem("robustness.shortcut.held_out",
+                                    f"{len(levels)} {shortcut.confounder} level(s) in this run leave fewer than two to "
+                                    f"train on with held_out={shortcut.held_out}; lower held_out or add sections"))
+    return problems
+
+
+def _check_executor(params: Params) -> list[Problem]:
+    cfg = params.executor
+    if cfg.backend != "dask":
+        return []
+    if importlib.util.find_spec("distributed") is None:
+        return [Problem("executor.backend", "dask needs the distributed package: pip install distributed")]
+    if cfg.address is None and cfg.cluster == "slurm" and importlib.util.find_spec("dask_jobqueue") is None:
+        return [Problem("executor.cluster", "slurm needs dask-jobqueue: pip install dask-jobqueue")]
+    return []
