@@ -8,6 +8,8 @@ things allowed to differ.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pandas as pd
 import pytest
 
 from cellpath.config import parse_params
+from conftest import HANG_GUARD_S
 
 SECTION = "breast_a"
 TIMING_COLUMNS = ("fit_seconds",)
@@ -126,3 +129,74 @@ def test_extraction_of_one_section_is_byte_identical(tiny_panel, tiny_features, 
     again = _extract(tiny_panel, tmp_path / "c", "filterbank-dense")
     assert _assert_files_identical(again, tiny_features["data_dir"] / "features" / "filterbank-dense" / "10x"
                                    / SECTION) == 3  # Nuc, Mean and the sidecar (no CLS token)
+
+
+# --- across machines: the simulated panel does not depend on the CPU's kernels ---------------------------
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()}
+
+
+def _fetch_digest(work: Path, params: Path, env: dict[str, str]) -> dict[str, str]:
+    import subprocess
+    import sys
+
+    from dvc_project import dvc_env
+
+    work.mkdir()
+    result = subprocess.run([str(Path(sys.executable).parent / "cellpath"), "fetch", "--params", str(params),
+                             "--data-dir", str(work / "data")], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=HANG_GUARD_S)
+    assert result.returncode == 0, result.stderr
+    return {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((work / "data").rglob("*")) if p.is_file()}
+
+
+def test_simulated_panel_is_byte_identical_whatever_blas_and_simd_kernels(tmp_path):
+    """Another machine means other OpenBLAS kernels (OPENBLAS_CORETYPE picks them here) and other
+    numpy SIMD kernels (AVX-512 or not: NPY_DISABLE_CPU_FEATURES turns them off here). Before the
+    simulator avoided BLAS and pinned numpy's dispatch, OpenBLAS's SkylakeX and Haswell kernels and
+    numpy's AVX2 and AVX-512 ones each gave files that differed in the last bits."""
+    import yaml
+
+    from dvc_project import dvc_env
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "source": "synthetic", "seed": 3,
+        "synthetic": {"cells_per_section": 300, "reference_cells_per_type": 30,
+                      "sections": [{"section_id": "breast_a", "organ": "Breast", "status": "Breast cancer"},
+                                   {"section_id": "liver_a", "organ": "Liver", "status": "Normal"}]},
+        "concordance": {"panel_sizes": [1, 2]}, "panel": "S2",
+    }))
+    base = {k: v for k, v in dvc_env().items() if not k.startswith(("OPENBLAS_", "NPY_"))}
+    variants = {
+        "openblas-default": base,
+        "openblas-haswell": base | {"OPENBLAS_CORETYPE": "Haswell"},
+        "openblas-prescott": base | {"OPENBLAS_CORETYPE": "Prescott"},
+        "numpy-avx2": base | {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
+    }
+    if "avx512f" in _cpu_flags():
+        variants["openblas-skylakex"] = base | {"OPENBLAS_CORETYPE": "SkylakeX"}
+    digests = {name: _fetch_digest(tmp_path / name, params, env) for name, env in variants.items()}
+    reference = digests["openblas-default"]
+    assert len(reference) == 2 * 10 + 2  # ten files per section, one reference per organ
+    for name, digest in digests.items():
+        assert digest == reference, (name, sorted(k for k in reference if digest.get(k) != reference[k]))
+
+
+def test_fetch_turns_off_numpy_avx512_kernels():
+    import subprocess
+    import sys
+
+    code = ("from cellpath.cli import pin_numpy_dispatch; pin_numpy_dispatch(); import numpy, os; "
+            "from numpy._core._multiarray_umath import __cpu_features__ as f; "
+            "print(os.environ['NPY_DISABLE_CPU_FEATURES'], f['X86_V4'], f['AVX512_ICL'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S,
+                            env={k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"})
+    assert result.stdout.split() == ["X86_V4", "AVX512_ICL", "AVX512_SPR", "False", "False"], result.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +17,20 @@ from pathlib import Path
 from cellpath.errors import CellPathError
 
 log = logging.getLogger("cellpath")
+
+# numpy picks SIMD kernels for the CPU when it is imported; its exp, sin, cos and arctan2 differ in
+# the last bit between the AVX2 (x86-64-v3) and AVX-512 kernels. `cellpath fetch` disables the
+# AVX-512 ones so that the simulator writes the same bytes on every x86-64-v3 machine
+# (docs/decisions/0015-reproducible-across-machines.md). Names a CPU lacks are ignored by numpy.
+PORTABLE_NUMPY_DISPATCH = ("X86_V4", "AVX512_ICL", "AVX512_SPR")
+
+
+def pin_numpy_dispatch() -> None:
+    """Disable numpy's AVX-512 kernels in this process (before numpy is imported)."""
+    if "numpy" in sys.modules:
+        raise RuntimeError("pin_numpy_dispatch must run before numpy is imported")
+    listed = os.environ.get("NPY_DISABLE_CPU_FEATURES", "").replace(",", " ").split()
+    os.environ["NPY_DISABLE_CPU_FEATURES"] = " ".join(dict.fromkeys([*listed, *PORTABLE_NUMPY_DISPATCH]))
 
 
 class _QuietThirdParty(logging.Filter):
@@ -167,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.stage == "fetch":
+        pin_numpy_dispatch()
     _configure_logging(args.verbose)
     handler, _ = STAGES[args.stage]
     started = time.perf_counter()

@@ -51,7 +51,7 @@ def draw_acquisition(rng: np.random.Generator, variation: float) -> Acquisition:
 
     def unit(v: np.ndarray) -> np.ndarray:
         v = np.clip(v, 0.01, None)
-        return v / np.linalg.norm(v)
+        return v / np.sqrt(np.sum(v * v))  # not np.linalg.norm: BLAS, whose kernel depends on the CPU
 
     return Acquisition(
         haematoxylin_od=unit(HAEMATOXYLIN_OD + rng.normal(0, 0.07 * variation, 3)),

@@ -8,7 +8,11 @@ simulator's ground truth (``simulation_truth.parquet``, ``simulation.json``), wh
 real data relies on. One scRNA-seq reference per organ goes to ``data/references/<organ>.h5ad``.
 
 Determinism: every random draw comes from generators seeded by (seed, section_id), so the same
-params give byte-identical files whatever the order or parallelism of sections.
+params give byte-identical files whatever the order or parallelism of sections. Across machines:
+the coordinate transforms are written out element-wise (no BLAS or LAPACK kernel, whose choice
+depends on the CPU, decides their rounding), and `cellpath fetch` pins numpy's SIMD dispatch
+(:data:`cellpath.cli.PORTABLE_NUMPY_DISPATCH`), so every x86-64-v3 machine writes the same bytes
+(docs/decisions/0015-reproducible-across-machines.md).
 """
 
 from __future__ import annotations
@@ -56,11 +60,25 @@ class Registration:
 
     @property
     def he_to_um(self) -> np.ndarray:
-        return np.diag([XENIUM_PIXEL_SIZE_UM, XENIUM_PIXEL_SIZE_UM, 1.0]) @ self.he_to_morph
+        """3×3 affine H&E px → tissue µm (morphology px scaled by the Xenium pixel size)."""
+        return self.he_to_morph * np.array([[XENIUM_PIXEL_SIZE_UM], [XENIUM_PIXEL_SIZE_UM], [1.0]])
 
     def um_to_he(self, xy_um: np.ndarray) -> np.ndarray:
-        inverse = np.linalg.inv(self.he_to_um)
-        return xy_um @ inverse[:2, :2].T + inverse[:2, 2]
+        """Tissue µm (n, 2) → H&E level-0 px (n, 2)."""
+        linear = _inverse_2x2(self.he_to_um[:2, :2])
+        return _apply_linear(xy_um, linear) - _apply_linear(self.he_to_um[None, :2, 2], linear)
+
+
+def _apply_linear(xy: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """``xy @ matrix.T`` for points (n, 2) and a 2×2 matrix, element-wise (the same bits on any CPU)."""
+    return np.column_stack([xy[:, 0] * matrix[0, 0] + xy[:, 1] * matrix[0, 1],
+                            xy[:, 0] * matrix[1, 0] + xy[:, 1] * matrix[1, 1]])
+
+
+def _inverse_2x2(matrix: np.ndarray) -> np.ndarray:
+    """The inverse of a 2×2 matrix by its closed form (the same bits on any CPU)."""
+    det = matrix[0, 0] * matrix[1, 1] - matrix[0, 1] * matrix[1, 0]
+    return np.array([[matrix[1, 1], -matrix[0, 1]], [-matrix[1, 0], matrix[0, 0]]]) / det
 
 
 def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator) -> Registration:
@@ -69,10 +87,10 @@ def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator) 
     scale = he_mpp / XENIUM_PIXEL_SIZE_UM
     linear = scale * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     corners_um = np.array([[0, 0], [field_um, 0], [0, field_um], [field_um, field_um]], dtype=float)
-    corners_he = (corners_um / XENIUM_PIXEL_SIZE_UM) @ np.linalg.inv(linear).T
+    corners_he = _apply_linear(corners_um / XENIUM_PIXEL_SIZE_UM, _inverse_2x2(linear))
     margin_px = (HE_MARGIN_UM + rng.uniform(0, 40.0)) / he_mpp
     low = corners_he.min(axis=0) - margin_px
-    translation = linear @ low  # morph = linear·he + t: the corner at H&E px `low` maps to morph px 0
+    translation = _apply_linear(low[None], linear)[0]  # morph = linear·he + t: H&E px `low` maps to morph px 0
     extent = corners_he.max(axis=0) - low + margin_px
     matrix = np.eye(3)
     matrix[:2, :2] = linear
@@ -81,8 +99,8 @@ def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator) 
 
 
 def _direction_angles_on_he(angles_um: np.ndarray, registration: Registration) -> np.ndarray:
-    inverse = np.linalg.inv(registration.he_to_um[:2, :2])
-    directions = np.column_stack([np.cos(angles_um), np.sin(angles_um)]) @ inverse.T
+    inverse = _inverse_2x2(registration.he_to_um[:2, :2])
+    directions = _apply_linear(np.column_stack([np.cos(angles_um), np.sin(angles_um)]), inverse)
     return np.arctan2(directions[:, 1], directions[:, 0])
 
 
