@@ -89,7 +89,7 @@ def test_metrics_json_and_summaries(all_protocols):
 
     cra = pooled_cell_representation_advantage(runs[runs["status"] == "ok"], "macro_f1", "10x").set_index("model")
     assert entry["cra_macro_f1"] == pytest.approx(cra.loc["filterbank-dense", "cra"], abs=1e-4)
-    for name in ("summary", "cra", "cra_pooled", "wins", "crt", "rank_agreement"):
+    for name in ("summary", "cra", "cra_pooled", "wins", "crt", "rank_agreement", "is_panels", "cra_panels"):
         assert (reports / "probe" / f"{name}.csv").is_file()
     timing = json.loads((reports / "probe" / "timing.json").read_text())
     assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2  # readouts × taxonomies

@@ -126,3 +126,89 @@ def test_taxonomy_rank_agreement():
         "readout": "Nuc", "magnification": "20x", "mean": [0.5, 0.6, 0.7, 0.8, 0.6, 0.7, 0.9, 0.8],
     })
     assert taxonomy_rank_agreement(summary, protocol="is") == pytest.approx(0.8)
+
+
+# --- significance tests over (unit, seed) pairs (issue #17; docs/decisions/0016) -------------------------
+
+
+def test_wins_pair_every_unit_and_seed():
+    """MOCV, 5 folds × 2 seeds, m1 ahead on every pair: 10 pairs all positive, exact two-sided
+    p = 2/2^10 ≈ 0.002: a win. Averaging seeds first leaves 5 pairs, p = 2/2^5 = 0.0625: none."""
+    rows = [_row(m, "Nuc", "mocv", f"fold{f}", "", seed, 0.5 + 0.01 * f + 0.003 * seed + (0.05 + 0.001 * f * seed
+                                                                                      if m == "m1" else 0))
+            for m in ("m1", "m2") for f in range(5) for seed in range(2)]
+    wins = win_counts(pd.DataFrame(rows), "macro_f1").set_index("model")["wins"]
+    assert (wins["m1"], wins["m2"]) == (1, 0)
+    pairs = pd.DataFrame(rows).assign(unit=lambda f: f["unit"] + "|seed" + f["seed"].astype(str),
+                                      score=lambda f: f["macro_f1"])
+    p_value = pairwise_wins(pairs[["model", "unit", "score"]]).set_index(["model", "opponent"])["p_value"]
+    assert p_value[("m1", "m2")] == pytest.approx(2 / 2**10)
+
+
+def test_a_model_that_dominates_every_unit_wins_against_all_in_every_protocol():
+    """Three models; the default's smallest protocol sizes: IS 6 sections, IOCD 6 held-out sections,
+    MOCV 5 folds × 2 seeds, LOOO 3 organs × 2 seeds. m1 > m2 > m3 on every (unit, seed)."""
+    sizes = {"is": (6, 1), "iocd": (6, 1), "mocv": (5, 2), "looo": (3, 2)}
+    rng = np.random.default_rng(3)
+    rows = []
+    for protocol, (n_units, n_seeds) in sizes.items():
+        for u in range(n_units):
+            for seed in range(n_seeds):
+                base = rng.uniform(0.2, 0.6)
+                for rank, model in enumerate(("m1", "m2", "m3")):
+                    rows.append(_row(model, "Nuc", protocol, f"u{u}", f"o{u % 3}", seed,
+                                     base - 0.05 * rank - rng.uniform(0, 0.01) * rank))
+    wins = win_counts(pd.DataFrame(rows), "macro_f1").pivot_table(index="model", columns="protocol", values="wins")
+    assert wins.loc["m1"].tolist() == [2, 2, 2, 2]  # columns: iocd, is, looo, mocv
+    assert wins.loc["m2"].tolist() == [1, 1, 1, 1] and wins.loc["m3"].tolist() == [0, 0, 0, 0]
+    crt = cell_representation_transferability(wins.stack().rename("wins").reset_index().assign(
+        magnification="20x", readout="Nuc", taxonomy="fine")).set_index("model")["crt"]
+    assert crt.tolist() == [2.0, 1.0, 0.0]
+
+
+def test_cra_wins_per_taxonomy_pair_sections_and_seeds():
+    """Fine: 3 sections × 2 seeds. m1's Nuc − Mean is 0.10 + 0.01·k on pair k, m2's 0.05 on every
+    pair: 6 positive paired differences, p = 2/2^6 = 0.03125 → m1 wins. Coarse: equal CRAs, no win.
+    CRA itself: m1 fine (0.105 + 0.125 + 0.145)/3 over sections, within one organ each → 0.125."""
+    rows = []
+    for model in ("m1", "m2"):
+        for taxonomy in ("fine", "coarse"):
+            for s, section in enumerate(("a", "b", "c")):
+                for seed in range(2):
+                    k = 2 * s + seed
+                    diff = (0.10 + 0.01 * k) if (model == "m1" and taxonomy == "fine") else 0.05
+                    rows.append(_row(model, "Mean", "is", section, section.upper(), seed, 0.4, taxonomy))
+                    rows.append(_row(model, "Nuc", "is", section, section.upper(), seed, 0.4 + diff, taxonomy))
+    cra = cell_representation_advantage(pd.DataFrame(rows), "macro_f1").set_index(["model", "taxonomy"])
+    assert cra.loc[("m1", "fine"), "cra"] == pytest.approx(0.125)
+    assert cra.loc[("m2", "fine"), "cra"] == pytest.approx(0.05)
+    assert cra["wins"].to_dict() == {("m1", "coarse"): 0, ("m1", "fine"): 1, ("m2", "coarse"): 0, ("m2", "fine"): 0}
+
+
+def test_differences_at_rounding_level_are_ties():
+    """Two models with the same CRA of 0.1 computed from different bases: (0.3 + 0.1 + o) − (0.3 + o)
+    exceeds (0.5 + 0.1 + o) − (0.5 + o) by 6e-17 to 2e-16 on all 8 units, always in the same
+    direction. Read literally that is 8 positive differences (p = 2/2^8); it is rounding, not a win."""
+    offsets = np.array([0.0, 0.04, 0.02, 0.06, 0.01, 0.03, 0.05, 0.07])
+    a, b = (0.3 + 0.1 + offsets) - (0.3 + offsets), (0.5 + 0.1 + offsets) - (0.5 + offsets)
+    assert np.all(a - b > 0)  # the trap is set
+    scores = pd.DataFrame({"model": ["a"] * 8 + ["b"] * 8, "unit": [f"u{i}" for i in range(8)] * 2,
+                           "score": np.concatenate([a, b])})
+    assert not pairwise_wins(scores)["win"].any()
+
+
+def test_nested_panel_is_tables_use_only_each_panels_sections():
+    """S2 = {a1, b1} ⊂ S3 = {a1, a2, b1}. Nuc section scores (seed means): a1 0.7, a2 0.5, b1 0.8.
+    S3: organs A (0.6), B (0.8) → mean 0.7, SD across sections sd(0.7, 0.5, 0.8). S2: organs A 0.7,
+    B 0.8 → 0.75, SD sd(0.7, 0.8). CRA (Nuc − Mean, per section a1 0.1, a2 0.2, b1 0): S2 (0.1 + 0)/2."""
+    from cellpath.stats import nested_panel_tables
+
+    readouts, cra = nested_panel_tables(_is_table(), {"S2": ["a1", "b1"], "S3": ["a1", "a2", "b1"]}, ("macro_f1",))
+    nuc = readouts[readouts["readout"] == "Nuc"].set_index("panel")
+    assert nuc.loc["S3", "mean"] == pytest.approx(0.7)
+    assert nuc.loc["S3", "sd"] == pytest.approx(np.std([0.7, 0.5, 0.8], ddof=1))
+    assert nuc.loc["S2", "mean"] == pytest.approx(0.75)
+    assert nuc.loc["S2", "sd"] == pytest.approx(np.std([0.7, 0.8], ddof=1))
+    assert (nuc["n_sections"].to_dict()) == {"S2": 2, "S3": 3}
+    assert cra.set_index("panel").loc["S2", "cra"] == pytest.approx(0.05)
+    assert cra.set_index("panel").loc["S3", "cra"] == pytest.approx(0.075)

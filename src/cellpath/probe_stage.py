@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from cellpath.config import Params, ProbeConfig
 from cellpath.encoders.registry import EncoderSpec
 from cellpath.executor import Task, run_tasks, thread_settings
 from cellpath.feature_store import artifact_dir
-from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, panel_sections, readout_matrix
 from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.readouts import CLS_READOUTS
 from cellpath.selection import evaluated_encoders, headline_magnification
@@ -83,7 +84,7 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
                                   condition_params(frame, params), condition_metrics(frame),
                                   {"probe_runs.json": frame})
         runs_table = pd.concat(frames, ignore_index=True)
-        summaries = summarise(runs_table, magnifications)
+        summaries = summarise(runs_table, magnifications, nested_panels(data_dir, params.panel))
         counts = run_counts(runs_table, unavailable)
         metrics = headline_metrics(runs_table, summaries, counts, magnifications)
         write_outputs(reports, runs_table, summaries, counts, metrics)
@@ -186,27 +187,36 @@ def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
     return metrics
 
 
-def summarise(runs: pd.DataFrame, magnifications: list[str]) -> dict[str, pd.DataFrame]:
-    """The paper's summaries of a run table (stats.py), computed on the fitted runs."""
+def summarise(runs: pd.DataFrame, magnifications: list[str], panels: dict[str, list[str]]) -> dict[str, pd.DataFrame]:
+    """The paper's summaries of a run table (stats.py), computed on the fitted runs; ``panels``: the
+    nested panels within the evaluated one (name → section ids) for the IS tables."""
     from cellpath import stats
 
     ok = runs[runs["status"] == "ok"]
     summary = pd.concat([stats.protocol_summary(ok, m).assign(metric=m) for m in METRICS], ignore_index=True)
-    wins = pd.concat([stats.win_counts(ok, m).assign(metric=m) for m in ("macro_f1", "macro_auroc")],
-                     ignore_index=True)
+    wins = pd.concat([stats.win_counts(ok, m).assign(metric=m) for m in METRICS], ignore_index=True)
     headline = headline_magnification(magnifications)
     crt = stats.cell_representation_transferability(wins[wins["metric"] == "macro_f1"], magnification=headline)
-    cra = pd.concat([stats.cell_representation_advantage(ok, m).assign(metric=m) for m in ("macro_f1", "macro_auroc")],
+    cra = pd.concat([stats.cell_representation_advantage(ok, m).assign(metric=m) for m in METRICS],
                     ignore_index=True)
     cra_pooled = pd.concat([stats.pooled_cell_representation_advantage(ok, m, mag).assign(metric=m)
-                            for m in ("macro_f1", "macro_auroc") for mag in magnifications], ignore_index=True)
+                            for m in METRICS for mag in magnifications], ignore_index=True)
+    is_panels, cra_panels = stats.nested_panel_tables(ok, panels, METRICS)
     agreement = pd.DataFrame([
         {"protocol": p, "readout": "Nuc", "magnification": headline,
          "spearman": stats.taxonomy_rank_agreement(summary[summary["metric"] == "macro_f1"], protocol=p,
                                                    magnification=headline)}
         for p in sorted(ok["protocol"].unique())])
     return {"summary": summary, "wins": wins, "crt": crt, "cra": cra, "cra_pooled": cra_pooled,
-            "rank_agreement": agreement}
+            "rank_agreement": agreement, "is_panels": is_panels, "cra_panels": cra_panels}
+
+
+def nested_panels(data_dir: Path, panel: str) -> dict[str, list[str]]:
+    """The evaluated panel and every smaller panel of data/panels.csv (nested in it): name → sections."""
+    size = int(panel[1:])
+    built = pd.read_csv(Path(data_dir) / "panels.csv", nrows=0).columns
+    names = sorted((c for c in built if re.fullmatch(r"S\d+", c) and int(c[1:]) <= size), key=lambda c: int(c[1:]))
+    return {name: panel_sections(data_dir, name)["section_id"].tolist() for name in names}
 
 
 def run_counts(runs: pd.DataFrame, unavailable: dict[str, int]) -> dict:

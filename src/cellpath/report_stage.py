@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from cellpath.tracking import provenance_tags
 
 log = logging.getLogger(__name__)
 
-PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement"]
+PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement", "is_panels", "cra_panels"]
 ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary"]
 TAXONOMY_NAMES = {"fine": "Tfine", "coarse": "Tcoarse"}
 
@@ -59,6 +60,9 @@ GLOSSARY = [
     ("AGR-BAcc", "Morphology–annotation concordance of a section: balanced accuracy of H&E nucleus predictions "
      "(CellViT++ or the built-in detector) against the Xenium-derived Tcoarse labels; ranks sections into panels."),
 ]
+IS_CAPTION = ("Organ-balanced Macro-F1 per readout (pp) ± SD across sections; CRA of this taxonomy (pp); Wins: "
+              "CRA significant wins, paired Wilcoxon over the common (section, seed) differences. Rows by wins, "
+              "then the unrounded CRA (Supplementary C).")
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,9 @@ def _table(name: str, title: str, caption: str, numeric: pd.DataFrame, percent_p
     return Table(name, title, caption, frame, tables.best_two(visible)), numeric
 
 
-def build_tables(inputs: ReportInputs, magnifications: list[str]) -> dict[str, tuple[Table, pd.DataFrame]]:
-    """Every table of the page, keyed by file name, as (display table, numeric frame)."""
+def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """Every table of the page, keyed by file name, as (display table, numeric frame); ``panel``: the
+    evaluated panel (params.yaml ``panel``)."""
     probe, headline = inputs.probe, headline_magnification(magnifications)
     out: dict[str, tuple[Table, pd.DataFrame]] = {}
     out["headline"] = _table(
@@ -119,15 +124,25 @@ def build_tables(inputs: ReportInputs, magnifications: list[str]) -> dict[str, t
         out[f"cra_{magnification}"] = _table(
             f"cra_{magnification}", f"Table 4 — within-section CRA at {magnification}",
             "IS organ-balanced Macro-F1 (mean ± SD across organs, pp) of Nuc and Mean under both taxonomies; CRA "
-            "(Eq. 4, taxonomies pooled) ± SD across organs; CRA wins: paired Wilcoxon over (section, taxonomy) "
+            "(Eq. 4, taxonomies pooled) ± SD across organs; CRA wins: paired Wilcoxon over (section, taxonomy, seed) "
             "differences. Bold: best, underlined: second best.",
             tables.cra_table(probe["summary"], probe["cra_pooled"], magnification))
         for taxonomy in ("fine", "coarse"):
-            numeric = tables.is_readout_table(probe["summary"], probe["wins"], probe["cra"], magnification, taxonomy)
+            numeric = tables.is_readout_table(probe["is_panels"], probe["cra_panels"], panel, magnification, taxonomy)
             out[f"is_{taxonomy}_{magnification}"] = _table(
-                f"is_{taxonomy}_{magnification}", f"IS, all readouts — {TAXONOMY_NAMES[taxonomy]}, {magnification}",
-                "Macro-F1 (mean ± SD across organs, pp) per readout; CRA of this taxonomy (pp); Wins: Nuc IS "
-                "significant wins. Rows by wins, then Nuc.", numeric)
+                f"is_{taxonomy}_{magnification}",
+                f"IS, all readouts — {panel}, {TAXONOMY_NAMES[taxonomy]}, {magnification}", IS_CAPTION, numeric)
+    for smaller in sorted(set(probe["is_panels"]["panel"]) - {panel}, key=lambda name: -int(name[1:])):
+        for taxonomy in ("fine", "coarse"):
+            name = f"is_{taxonomy}_{headline}_{smaller}"
+            out[name] = _table(name, f"IS, all readouts — nested panel {smaller}, {TAXONOMY_NAMES[taxonomy]}, {headline}",
+                               IS_CAPTION + " Computed from this panel's sections alone (IS needs no refit).",
+                               tables.is_readout_table(probe["is_panels"], probe["cra_panels"], smaller, headline,
+                                                       taxonomy))
+    out["is_panels_all"] = _table(
+        "is_panels_all", "IS tables of every nested panel, magnification and metric",
+        "Long form of the supplement's IS tables: organ-balanced mean and SD across sections per readout.",
+        probe["is_panels"].set_index("model"), percent_pairs=False, percent_columns=())
     for taxonomy in ("fine", "coarse"):
         out[f"cross_domain_{taxonomy}"] = _table(
             f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_NAMES[taxonomy]}, {headline}",
@@ -255,7 +270,7 @@ def run_report_stage(params: Params, data_dir: Path, reports: Path, root: Path |
     data_dir, reports = Path(data_dir), Path(reports)
     magnifications = params.stage_magnifications(params.probe.magnifications)
     inputs = load_inputs(params, data_dir, reports)
-    built = build_tables(inputs, magnifications)
+    built = build_tables(inputs, magnifications, params.panel)
     numeric = {name: frame for name, (_, frame) in built.items()}
     fine_classes = list(numeric["class_counts"].columns)
     colours = figures.class_colours(fine_classes)
@@ -304,7 +319,8 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
     return {
         "meta": meta, "headline": by_name["headline"],
         "cra_tables": [by_name[f"cra_{m}"] for m in magnifications],
-        "is_tables": [by_name[f"is_{t}_{m}"] for m in magnifications for t in ("fine", "coarse")],
+        "is_tables": [by_name[f"is_{t}_{m}"] for m in magnifications for t in ("fine", "coarse")]
+        + [table for name, table in by_name.items() if re.fullmatch(r"is_(fine|coarse)_\d+x_S\d+", name)],
         "cross_tables": [by_name["cross_domain_fine"], by_name["cross_domain_coarse"]],
         "landscape_table": by_name["landscape"],
         "landscape_note": (f"Without a pretraining scale in the registry (drawn at the left, off the scale): "

@@ -69,20 +69,20 @@ def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame,
     return frame
 
 
-def is_readout_table(summary: pd.DataFrame, wins: pd.DataFrame, cra: pd.DataFrame, magnification: str,
+def is_readout_table(is_panels: pd.DataFrame, cra_panels: pd.DataFrame, panel: str, magnification: str,
                      taxonomy: str, metric: str = "macro_f1") -> pd.DataFrame:
-    """IS scores of every readout (mean, sd across organs), this taxonomy's CRA and the Nuc IS wins
-    per model (Supplementary C)."""
-    chosen = _pick(summary, protocol="is", magnification=magnification, taxonomy=taxonomy, metric=metric)
+    """Supplementary C's IS table for one panel: per readout the organ-balanced mean with the SD
+    across sections, this taxonomy's CRA and its CRA wins (paired (section, seed) differences);
+    rows by wins, the unrounded CRA breaking ties."""
+    chosen = _pick(is_panels, panel=panel, magnification=magnification, taxonomy=taxonomy, metric=metric)
     table = _mean_sd(chosen, "model", "readout")
     ordered = [c for r in READOUTS for c in (f"{r} mean", f"{r} sd") if c in table.columns]
     table = table[ordered]
-    cra_rows = _pick(cra, magnification=magnification, taxonomy=taxonomy, metric=metric).set_index("model")["cra"]
-    win_rows = _pick(wins, protocol="is", magnification=magnification, taxonomy=taxonomy, readout="Nuc",
-                     metric=metric).set_index("model")["wins"]
-    table["CRA"] = cra_rows.reindex(table.index)
-    table["Wins"] = win_rows.reindex(table.index).fillna(0).astype(int)
-    return _ranked(table, "Wins", "Nuc mean")
+    cra_rows = _pick(cra_panels, panel=panel, magnification=magnification, taxonomy=taxonomy,
+                     metric=metric).set_index("model")
+    table["CRA"] = cra_rows["cra"].reindex(table.index)
+    table["Wins"] = cra_rows["wins"].reindex(table.index).fillna(0).astype(int)
+    return _ranked(table, "Wins", "CRA")
 
 
 def cra_table(summary: pd.DataFrame, cra_pooled: pd.DataFrame, magnification: str,
