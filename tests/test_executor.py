@@ -28,8 +28,7 @@ from cellpath.config import parse_params
 from cellpath.errors import ConfigError
 from cellpath.executor import ExecutorError, Task, oversubscription_guard, run_tasks, thread_settings
 from cellpath.panel_cells import load_panel_cells
-from cellpath.probe_stage import probe_tasks, run_probe_stage
-from cellpath.probing import plan_runs
+from cellpath.probe_stage import plan_magnification, probe_tasks, run_probe_stage
 from cellpath.robustness_stage import run_robustness_stage
 from cellpath.selection import evaluated_encoders
 from conftest import HANG_GUARD_S, TINY_SECTIONS
@@ -176,9 +175,9 @@ def test_a_dead_local_worker_names_its_task_and_a_rerun_resumes(tmp_path):
 
 def _keys(params, data_dir) -> list[str]:
     panel = load_panel_cells(data_dir, params.panel)
-    plans = {t: [r for p in params.protocols for r in plan_runs(panel.cells, p, t, params.probe)]
-             for t in params.probe.taxonomies}
-    _, tasks = probe_tasks(params, data_dir, panel, plans, evaluated_encoders(params), ["10x", "20x"])
+    encoders = evaluated_encoders(params)
+    plans = {m: plan_magnification(params, data_dir, panel, encoders, m) for m in ("10x", "20x")}
+    _, tasks = probe_tasks(params, data_dir, panel, plans, encoders, ["10x", "20x"])
     return [task.key for task in tasks]
 
 

@@ -65,9 +65,11 @@ def test_run_table_has_one_row_per_planned_run(all_protocols):
 
 
 def test_probes_learn_the_cell_types(all_protocols):
-    """Filterbank Nuc features of the simulated nuclei predict Tcoarse above chance within a section."""
+    """Filterbank Nuc features of the simulated nuclei predict Tcoarse above chance across sections.
+    (Not IS here: at 10× a patch is 224 µm, a third of a tiny section, so a leak-free IS split keeps
+    about 19 test cells per run, too few for a stable score.)"""
     runs = all_protocols["runs"]
-    chosen = runs[(runs["protocol"] == "is") & (runs["readout"] == "Nuc") & (runs["taxonomy"] == "coarse")
+    chosen = runs[(runs["protocol"] != "is") & (runs["readout"] == "Nuc") & (runs["taxonomy"] == "coarse")
                   & (runs["status"] == "ok")]
     assert len(chosen) >= 4
     assert chosen["macro_auroc"].mean() > 0.65
@@ -150,3 +152,30 @@ def test_too_many_mocv_folds_names_the_parameter(probe_data, tmp_path):
     data["mlflow"] = {"enabled": False}
     with pytest.raises(ConfigError, match="probe.mocv_folds"):
         run_probe_stage(parse_params(data), probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
+
+
+def test_no_is_test_cell_shares_an_encoder_patch_with_a_training_or_validation_cell(probe_data, all_protocols):
+    """On the tiny panel's real patch grids (224 px at 10×, 224 µm patches) and at 40× (56 µm): for
+    every IS run, the encoder patches of its test cells and of its train + val cells are disjoint, and
+    the run table counts the test cells each rule removed."""
+    from cellpath.panel_cells import encoder_patch_ids, load_panel_cells
+    from cellpath.probe_stage import plan_magnification
+    from cellpath.selection import evaluated_encoders
+
+    params = all_protocols["params"]
+    data_dir = probe_data["data_dir"]
+    panel = load_panel_cells(data_dir, params.panel)
+    encoders = evaluated_encoders(params)
+    for magnification in ("10x", "40x"):
+        groups = encoder_patch_ids(data_dir, panel, encoders[0].input_size, magnification)
+        plans = plan_magnification(params, data_dir, panel, encoders, magnification)
+        is_runs = [r for runs in plans.values() for r in runs if r.protocol == "is" and r.task is not None]
+        assert is_runs
+        for run in is_runs:
+            fit = np.concatenate([run.task.train, run.task.val])
+            assert not set(groups[run.task.test]) & set(groups[fit]), (magnification, run.unit, run.seed)
+    runs = all_protocols["runs"]
+    is_rows = runs[runs["protocol"] == "is"]
+    assert (is_rows["n_test_excluded_shared_patch"] > 0).all()  # 224 µm patches straddle every ROI border
+    assert (is_rows["n_test_excluded_buffer"] > 0).all()
+    assert (runs.loc[runs["protocol"] != "is", ["n_test_excluded_buffer", "n_test_excluded_shared_patch"]] == 0).all().all()

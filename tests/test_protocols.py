@@ -63,6 +63,36 @@ def test_is_roi_is_spatial_with_a_buffer_and_seeds_move_it():
     assert len(set(rois)) == 4
 
 
+def _tiles(cells: pd.DataFrame, side_um: float) -> np.ndarray:
+    """A patch id per cell: the section and its square of a ``side_um`` grid."""
+    col, row = (np.floor(cells[a].to_numpy() / side_um).astype(int) for a in ("x_um", "y_um"))
+    return (cells["section_id"] + ":" + pd.Series(col).astype(str) + ":" + pd.Series(row).astype(str)).to_numpy()
+
+
+def test_is_test_cells_share_no_patch_with_the_roi_under_any_grid():
+    """Two grids (a 112 µm and a 224 µm patch, as 224 px at 20× and 10×): with the 25 µm buffer alone
+    many test cells sit in a patch that also holds ROI cells; with the grids, none does, and the
+    split counts what each rule removed."""
+    cells = _cells(n_per_section=400)
+    grids = (_tiles(cells, 112.0), _tiles(cells, 224.0))
+    plain = make_splits(cells, "is", seeds=2, buffer_um=25.0)
+    strict = make_splits(cells, "is", seeds=2, buffer_um=25.0, patch_groups=grids)
+    leaked = 0
+    for before, after in zip(plain, strict):
+        fit = np.concatenate([after.train, after.val])
+        assert np.array_equal(np.sort(np.concatenate([before.train, before.val])), np.sort(fit))  # same ROI
+        for groups in grids:
+            assert not set(groups[after.test]) & set(groups[fit])
+            leaked += len(set(groups[before.test]) & set(groups[fit]))
+        assert set(after.test) <= set(before.test)
+        excluded = dict(after.excluded)
+        assert excluded["shared_patch"] == len(before.test) - len(after.test)
+        section = (cells["section_id"] == after.unit).sum()
+        assert excluded["buffer"] == section - len(fit) - len(before.test)
+    assert leaked > 0  # the buffer alone leaks
+    assert all(dict(s.excluded)["shared_patch"] == 0 for s in make_splits(cells, "is", seeds=1, buffer_um=25.0))
+
+
 def test_mocv_manifest_is_organ_aware_and_fixed():
     cells = _cells()
     manifest = mocv_manifest(cells, 5)

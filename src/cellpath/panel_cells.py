@@ -117,3 +117,23 @@ def load_base_readouts(features_root: Path, encoder_slug: str, magnification: st
 def readout_matrix(base: dict[str, np.ndarray], readout: str) -> np.ndarray:
     """A readout's per-cell features from the base readouts (fusions computed here, never stored)."""
     return np.asarray(compose_readout(readout, base["Nuc"], base["Mean"], base.get("Cls")), dtype=np.float32)
+
+
+def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnification: str) -> np.ndarray:
+    """Per evaluated cell, ``"<section>:<patch index>"`` of the encoder patch that holds its nucleus
+    at ``magnification`` for encoders with ``input_size`` px patches: the placement extraction uses
+    (:func:`cellpath.features.place_cells`), recomputed from the section's geometry. Cells with the
+    same id share every patch-level readout (Mean, Cls)."""
+    from cellpath.features import MAGNIFICATIONS, place_cells
+
+    index = read_section_index(data_dir).set_index("section_id")
+    parts = []
+    for section_id, rows in panel.rows_in_section.items():
+        obs = read_section_table(data_dir, section_id).obs
+        geometry = index.loc[section_id]
+        placement = place_cells(obs[["he_x_px", "he_y_px"]].to_numpy(), obs["nucleus_area"].to_numpy(dtype=float),
+                                slide_size=(int(geometry["he_width_px"]), int(geometry["he_height_px"])),
+                                slide_mpp=float(geometry["he_mpp"]), target_mpp=MAGNIFICATIONS[magnification],
+                                input_size=input_size)
+        parts.append(np.char.add(f"{section_id}:", placement.patch_index[rows].astype(str)))
+    return np.concatenate(parts) if parts else np.array([], dtype=str)

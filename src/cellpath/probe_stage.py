@@ -27,8 +27,10 @@ from cellpath.config import Params, ProbeConfig
 from cellpath.encoders.registry import EncoderSpec
 from cellpath.executor import Task, run_tasks, thread_settings
 from cellpath.feature_store import artifact_dir
-from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, panel_sections, readout_matrix
+from cellpath.panel_cells import (PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells,
+                                  panel_sections, readout_matrix)
 from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
+from cellpath.protocols import IS_EXCLUSION_RULES
 from cellpath.readouts import CLS_READOUTS
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
@@ -51,20 +53,15 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
 
         torch.set_num_threads(cfg.torch_threads)
     panel = load_panel_cells(data_dir, params.panel)
-    cells = panel.cells
-    plans = {taxonomy: [run for protocol in params.protocols for run in plan_runs(cells, protocol, taxonomy, cfg)]
-             for taxonomy in cfg.taxonomies}
-    for taxonomy, runs in plans.items():
-        for protocol in params.protocols:
-            mine = [r for r in runs if r.protocol == protocol]
-            log.info("probe plan %s %s: %d runs, %d skipped (fewer than two gated classes)", taxonomy, protocol,
-                     len(mine), sum(r.task is None for r in mine))
+    plans = {magnification: plan_magnification(params, data_dir, panel, encoders, magnification)
+             for magnification in magnifications}
     unavailable = {p: 0 for p in params.protocols}
     for spec in encoders:
         missing = sum(1 for readout in cfg.readouts if readout in CLS_READOUTS and not spec.has_cls)
-        for runs in plans.values():
-            for run in runs:
-                unavailable[run.protocol] += missing * len(magnifications)
+        for by_taxonomy in plans.values():
+            for runs in by_taxonomy.values():
+                for run in runs:
+                    unavailable[run.protocol] += missing
     context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
     tracker = Tracker(params.mlflow, "probe", root)
     frames = []
@@ -109,7 +106,30 @@ def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | 
     return runs_table
 
 
-def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[str, list], encoders: list[EncoderSpec],
+def plan_magnification(params: Params, data_dir: Path, panel: PanelCells, encoders: list[EncoderSpec],
+                       magnification: str) -> dict[str, list]:
+    """Every planned run at one magnification, per taxonomy. Only IS depends on the magnification: its
+    test cells share no patch with the ROI under any evaluated encoder's grid there, so every model
+    is tested on the same cells (paired tests stay paired)."""
+    cfg = params.probe
+    sizes = sorted({spec.input_size for spec in encoders})
+    groups = tuple(encoder_patch_ids(data_dir, panel, size, magnification) for size in sizes) \
+        if "is" in params.protocols else ()
+    plans = {taxonomy: [run for protocol in params.protocols
+                        for run in plan_runs(panel.cells, protocol, taxonomy, cfg, groups)]
+             for taxonomy in cfg.taxonomies}
+    for taxonomy, runs in plans.items():
+        for protocol in params.protocols:
+            mine = [r for r in runs if r.protocol == protocol]
+            removed = {rule: sum(dict(r.excluded).get(rule, 0) for r in mine) for rule in IS_EXCLUSION_RULES}
+            log.info("probe plan %s %s %s: %d runs, %d skipped (fewer than two gated classes)%s", magnification,
+                     taxonomy, protocol, len(mine), sum(r.task is None for r in mine),
+                     f"; test cells removed: {removed} (patch grids {sizes} px)" if protocol == "is" else "")
+    return plans
+
+
+def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[str, dict[str, list]],
+                encoders: list[EncoderSpec],
                 magnifications: list[str]) -> tuple[Path, list[Task]]:
     """The context file and one task per (encoder, magnification) with a usable readout: all its
     readouts × taxonomies.
@@ -121,7 +141,8 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
     cfg = params.probe
     work = work_dir(data_dir, "probe")
     basis = {"code": code_fingerprint(), "threads": thread_settings(), "panel": params.panel,
-             "cells": panel_digest(panel), "protocols": params.protocols, "probe": cfg.model_dump(mode="json")}
+             "cells": panel_digest(panel), "protocols": params.protocols, "probe": cfg.model_dump(mode="json"),
+             "is_patch_grids": sorted({spec.input_size for spec in encoders})}  # they shape the IS test sets
     context = write_context(work, "probe", basis, (panel, plans))
     features = Path(data_dir).resolve() / "features"
     tasks = []
@@ -149,7 +170,7 @@ def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, mag
         if readout in CLS_READOUTS and not spec.has_cls:
             continue
         x = readout_matrix(base, readout)
-        for runs in plans.values():
+        for runs in plans[magnification].values():
             frames.append(fit_condition(x, panel.cells, runs, cfg).assign(
                 model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
     pd.concat(frames, ignore_index=True).to_parquet(out, index=False)

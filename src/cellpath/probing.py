@@ -16,13 +16,14 @@ import pandas as pd
 from cellpath.config import ProbeConfig
 from cellpath.errors import ConfigError
 from cellpath.probe import ProbeTask, fit_tasks
-from cellpath.protocols import Split, gate_classes, make_splits
+from cellpath.protocols import IS_EXCLUSION_RULES, Split, gate_classes, make_splits
 
 log = logging.getLogger(__name__)
 
+EXCLUSION_COLUMNS = [f"n_test_excluded_{rule}" for rule in IS_EXCLUSION_RULES]  # IS test cells each rule removed
 RUN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "organ", "seed", "status",
-               "skip_reason", "n_train", "n_val", "n_test", "n_classes", "classes", "chosen_c", "val_macro_f1",
-               "macro_f1", "macro_auroc", "macro_auprc", "fit_seconds"]
+               "skip_reason", "n_train", "n_val", "n_test", *EXCLUSION_COLUMNS, "n_classes", "classes", "chosen_c",
+               "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "fit_seconds"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class PlannedRun:
     taxonomy: str
     task: ProbeTask | None
     skip_reason: str = ""
+    excluded: tuple[tuple[str, int], ...] = ()  # test cells removed per rule before gating (IS)
 
     def row(self, class_names: list[str]) -> dict:
         task = self.task
@@ -44,8 +46,10 @@ class PlannedRun:
                 "taxonomy": self.taxonomy, "status": "ok" if task is not None else "skipped",
                 "skip_reason": self.skip_reason,
                 "n_train": 0 if task is None else len(task.train), "n_val": 0 if task is None else len(task.val),
-                "n_test": 0 if task is None else len(task.test), "n_classes": len(classes),
-                "classes": "|".join(classes)}
+                "n_test": 0 if task is None else len(task.test),
+                **{f"n_test_excluded_{rule}": 0 for rule in IS_EXCLUSION_RULES},
+                **{f"n_test_excluded_{rule}": count for rule, count in self.excluded},
+                "n_classes": len(classes), "classes": "|".join(classes)}
 
 
 def class_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
@@ -63,12 +67,14 @@ def _capped(train: np.ndarray, cap: int | None, split: Split) -> np.ndarray:
     return np.sort(rng.choice(train, cap, replace=False))
 
 
-def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfig) -> list[PlannedRun]:
-    """Every run of one protocol and taxonomy on the cell table, gated as ``cfg`` says."""
+def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfig,
+              patch_groups: tuple[np.ndarray, ...] = ()) -> list[PlannedRun]:
+    """Every run of one protocol and taxonomy on the cell table, gated as ``cfg`` says; IS test cells
+    share no patch of ``patch_groups`` (the evaluated encoders' grids at one magnification) with the ROI."""
     try:
         splits = make_splits(cells, protocol, cfg.seeds[protocol], n_folds=cfg.mocv_folds,
                              roi_fraction=cfg.is_roi_fraction, buffer_um=cfg.is_buffer_um,
-                             val_fraction=cfg.val_fraction)
+                             val_fraction=cfg.val_fraction, patch_groups=patch_groups)
     except ValueError as exc:
         raise ConfigError(f"probe ({protocol}): {exc}; adjust probe.mocv_folds or the panel") from None
     codes, names = class_codes(cells[taxonomy])
@@ -81,14 +87,14 @@ def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfi
         key = (split.protocol, split.unit, split.organ, split.seed, taxonomy)
         if len(gated) < 2:
             runs.append(PlannedRun(*key, None, f"{len(gated)} class(es) with ≥{min_train} train and ≥{min_test} "
-                                               "test cells"))
+                                               "test cells", split.excluded))
             continue
         classes = np.array(sorted(gated), dtype=np.int64)
         keep = [rows[np.isin(codes[rows], classes)] for rows in (train, split.val, split.test)]
         if len(keep[1]) == 0:
-            runs.append(PlannedRun(*key, None, "no validation cell of a scored class"))
+            runs.append(PlannedRun(*key, None, "no validation cell of a scored class", split.excluded))
             continue
-        runs.append(PlannedRun(*key, ProbeTask(*keep, classes=classes)))
+        runs.append(PlannedRun(*key, ProbeTask(*keep, classes=classes), excluded=split.excluded))
     return runs
 
 

@@ -7,8 +7,11 @@ ever in ``train`` or ``val``:
 
 - IS: per section and seed, train+val are the cells inside a spatial ROI (a band covering
   ``roi_fraction`` of the section's cells along x or y; the seed moves it and picks the axis);
-  test is every cell outside the ROI farther than ``buffer_um`` from it (the buffer keeps image
-  patches that straddle the ROI border out of the test set).
+  test is every cell outside the ROI farther than ``buffer_um`` from it and sharing no encoder
+  patch with a cell inside it, under every patch grid given (``patch_groups``: one grid per
+  encoder input size at the evaluated magnification). A shared patch would give a test cell
+  exactly a training cell's Mean and Cls features (docs/decisions/0017-leak-free-is-split.md).
+  Each split counts the test cells each rule removed (``excluded``).
 - IOCD: per organ with ≥ 2 sections, each section is held out in turn; the organ's other
   sections give train+val.
 - MOCV: whole sections go to ``n_folds`` folds by an organ-aware manifest (sections of one organ
@@ -39,6 +42,7 @@ class Split:
     train: np.ndarray
     val: np.ndarray
     test: np.ndarray
+    excluded: tuple[tuple[str, int], ...] = ()  # (rule, test cells it removed), e.g. (("buffer", 12),)
 
 
 def _train_val(pool: np.ndarray, val_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +63,13 @@ def _held_out_unit(protocol: str, unit: str, organ: str, test: np.ndarray, pool:
                   np.sort(test)) for seed in range(seeds)]
 
 
+IS_EXCLUSION_RULES = ("buffer", "shared_patch")  # in the order they apply; run table: n_test_excluded_<rule>
+
+
 def intra_section_splits(cells: pd.DataFrame, seeds: int, *, roi_fraction: float = 0.5, buffer_um: float = 25.0,
-                         val_fraction: float = 0.2) -> list[Split]:
-    """IS: spatial ROI train/val inside a section, test outside it (beyond the buffer)."""
+                         val_fraction: float = 0.2, patch_groups: tuple[np.ndarray, ...] = ()) -> list[Split]:
+    """IS: spatial ROI train/val inside a section, test outside it beyond the buffer and in no patch
+    of ``patch_groups`` (per grid, a patch id per cell table row) that holds an ROI cell."""
     splits = []
     for section_id, group in cells.groupby("section_id", sort=True):
         rows = group.index.to_numpy()
@@ -73,9 +81,15 @@ def intra_section_splits(cells: pd.DataFrame, seeds: int, *, roi_fraction: float
             start = rng.uniform(0.0, 1.0 - roi_fraction)
             low, high = np.quantile(coord, [start, start + roi_fraction])
             inside = (coord >= low) & (coord <= high)
-            outside = ((coord < low - buffer_um) | (coord > high + buffer_um))
+            beyond_buffer = (coord < low - buffer_um) | (coord > high + buffer_um)
+            test = beyond_buffer.copy()
+            for groups in patch_groups:
+                section_groups = groups[rows]
+                test &= ~np.isin(section_groups, section_groups[inside])
+            excluded = (("buffer", int((~inside & ~beyond_buffer).sum())),
+                        ("shared_patch", int((beyond_buffer & ~test).sum())))
             train, val = _train_val(rows[inside], val_fraction, rng)
-            splits.append(Split("is", str(section_id), organ, seed, train, val, np.sort(rows[outside])))
+            splits.append(Split("is", str(section_id), organ, seed, train, val, np.sort(rows[test]), excluded))
     return splits
 
 
@@ -142,13 +156,15 @@ def protocol_units(sections: pd.DataFrame, protocol: str, n_folds: int = 5) -> l
 
 
 def make_splits(cells: pd.DataFrame, protocol: str, seeds: int, *, n_folds: int = 5, roi_fraction: float = 0.5,
-                buffer_um: float = 25.0, val_fraction: float = 0.2) -> list[Split]:
-    """Dispatch to one protocol's split function (the table's index must be 0..n-1)."""
+                buffer_um: float = 25.0, val_fraction: float = 0.2,
+                patch_groups: tuple[np.ndarray, ...] = ()) -> list[Split]:
+    """Dispatch to one protocol's split function (the table's index must be 0..n-1); ``patch_groups``
+    applies to IS only."""
     if not cells.index.equals(pd.RangeIndex(len(cells))):
         raise ValueError("the cell table must have a 0..n-1 RangeIndex (row positions are returned)")
     if protocol == "is":
         return intra_section_splits(cells, seeds, roi_fraction=roi_fraction, buffer_um=buffer_um,
-                                    val_fraction=val_fraction)
+                                    val_fraction=val_fraction, patch_groups=patch_groups)
     if protocol == "iocd":
         return intra_organ_splits(cells, seeds, val_fraction=val_fraction)
     if protocol == "mocv":

@@ -34,11 +34,10 @@ from cellpath.encoders.registry import EncoderSpec
 from cellpath.errors import ConfigError
 from cellpath.executor import Task, run_tasks, thread_settings
 from cellpath.feature_store import artifact_dir
-from cellpath.panel_cells import PanelCells, load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.panel_cells import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
 from cellpath.probe_stage import flat_metrics
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
-from cellpath.sections import read_section_index, read_section_table
 from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
 from cellpath.tracking import Tracker
@@ -57,19 +56,7 @@ def cell_groups(data_dir: Path, panel: PanelCells, spec: EncoderSpec, magnificat
         col = np.floor(cells["x_um"].to_numpy() / cfg.tile_um).astype(int)
         row = np.floor(cells["y_um"].to_numpy() / cfg.tile_um).astype(int)
         return (cells["section_id"] + ":" + pd.Series(col).astype(str) + ":" + pd.Series(row).astype(str)).to_numpy()
-    from cellpath.features import MAGNIFICATIONS, place_cells
-
-    index = read_section_index(data_dir).set_index("section_id")
-    parts = []
-    for section_id, rows in panel.rows_in_section.items():
-        obs = read_section_table(data_dir, section_id).obs
-        geometry = index.loc[section_id]
-        placement = place_cells(obs[["he_x_px", "he_y_px"]].to_numpy(), obs["nucleus_area"].to_numpy(dtype=float),
-                                slide_size=(int(geometry["he_width_px"]), int(geometry["he_height_px"])),
-                                slide_mpp=float(geometry["he_mpp"]), target_mpp=MAGNIFICATIONS[magnification],
-                                input_size=spec.input_size)
-        parts.append(np.char.add(f"{section_id}:", placement.patch_index[rows].astype(str)))
-    return np.concatenate(parts)
+    return encoder_patch_ids(data_dir, panel, spec.input_size, magnification)
 
 
 def scoring_units(cells: pd.DataFrame, scope: str, confounder: str) -> list[tuple[str, np.ndarray]]:
