@@ -61,7 +61,7 @@ def _robustness_outputs(folder: Path) -> None:
     pd.DataFrame([{"model": m, **condition, "n_samples": 100, "n_undefined": 2, "n_unresolved": 0,
                    "n_zero_distance": 0, "m": 5, "k": 11, "alpha": 0.1, "croma_median": med, "f0": 0.4, "ltm": ltm,
                    "q_alpha": ltm, "ri": 0.6, "mari": 0.55, "support": 0.9, "tau": 0.01, "bio_bacc": 0.5,
-                   "conf_bacc": 0.4, "k_selected": 11} for m, (med, ltm) in medians.items()]
+                   "conf_bacc": 0.4, "k_selected": 11, "confounder": "section_id"} for m, (med, ltm) in medians.items()]
                  ).to_csv(folder / "summary.csv", index=False)
     rng = np.random.default_rng(0)
     pd.DataFrame([{"model": m, **condition, "cell_id": f"c{i}", "section_id": "s1", "organ": "O1",
@@ -75,8 +75,13 @@ def _robustness_outputs(folder: Path) -> None:
                    "balanced_accuracy_sd": 0.01} for m in medians for s in ("in_domain", "held_out")
                   for v in (0.0, 0.5, 1.0)]).to_csv(folder / "shortcut.csv", index=False)
     pd.DataFrame([{"model": m, "setting": s, "readout": "Nuc", "taxonomy": "coarse", "magnification": "20x",
-                   "apd": -0.05, "nipd": -0.1} for m in medians for s in ("in_domain", "held_out")]
+                   "confounder": "section_id", "n_runs": 20, "apd": -0.05, "nipd": -0.1, "nipd_low": -0.15,
+                   "nipd_high": -0.05} for m in medians for s in ("in_domain", "held_out")]
                  ).to_csv(folder / "shortcut_summary.csv", index=False)
+    from cellpath.robustness.agreement import metric_agreement
+
+    metric_agreement(pd.read_csv(folder / "summary.csv"), pd.read_csv(folder / "shortcut_summary.csv")
+                     ).to_csv(folder / "agreement.csv", index=False)
 
 
 def _data_outputs(data: Path) -> None:
@@ -302,3 +307,22 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
     assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
     assert _cell(parser.tables, "headline", "filterbank-dense", "IS") == "–"
     assert "panel robustness: no data in this run" in page and "shortcut probe: no data in this run" in page
+
+
+def test_nipd_joins_only_the_robustness_rows_of_its_own_condition():
+    """The shortcut probe ran on Tcoarse with the section confounder: its nIPD belongs beside the
+    Tcoarse section-confounder panel row, never beside Tfine or an organ-confounder row."""
+    base = {"model": "m", "magnification": "20x", "readout": "Nuc", "scope": "panel", "unit": "panel", "n_samples": 10,
+            "n_undefined": 0, "croma_median": 0.1, "f0": 0.3, "ltm": -0.2, "ri": 0.5, "mari": 0.5, "support": 1.0,
+            "k": 5, "k_selected": 7, "bio_bacc": 0.6, "conf_bacc": 0.3}
+    summary = pd.DataFrame([base | {"taxonomy": t, "confounder": c} for t in ("fine", "coarse")
+                            for c in ("section_id", "organ")])
+    shortcut = pd.DataFrame([{"model": "m", "setting": "in_domain", "readout": "Nuc", "taxonomy": "coarse",
+                              "magnification": "20x", "confounder": "section_id", "n_runs": 20, "apd": -0.1,
+                              "nipd": -0.25, "nipd_low": -0.3, "nipd_high": -0.2}])
+    table = tables.robustness_table(summary, shortcut).set_index(["taxonomy", "confounder"])
+    assert table.loc[("coarse", "section_id"), "nipd in_domain"] == -0.25
+    assert table.loc[("coarse", "section_id"), "nipd low in_domain"] == -0.3
+    for other in (("fine", "section_id"), ("fine", "organ"), ("coarse", "organ")):
+        assert np.isnan(table.loc[other, "nipd in_domain"]), other
+    assert (table["k_selected"] == 7).all()

@@ -407,3 +407,50 @@ def test_missing_frame_column(small):
     frame = pd.DataFrame({"cell_type": bio, "section": conf})
     with pytest.raises(ValueError, match=r"missing column\(s\) \['patch'\]"):
         score_embeddings(x, "cell_type", "section", "patch", frame=frame)
+
+
+def test_nipd_interval_spans_the_runs_and_collapses_for_identical_runs():
+    """Two runs: a bootstrap draw is (A, A), (B, B) or a mix, each pure draw with probability 1/4, so
+    the 2.5 % and 97.5 % quantiles are the nIPDs of the runs alone. Identical runs: no spread."""
+    from cellpath.robustness import nipd_interval
+
+    v = np.linspace(0, 1, 11)
+    run_a = 0.9 - 0.2 * v
+    run_b = 0.8 - 0.05 * v
+    acc = np.column_stack([run_a, run_b])
+    low, high = nipd_interval(acc, v, 0.5, seed=3)
+    alone = sorted([nipd(run_a[:, None], v, 0.5), nipd(run_b[:, None], v, 0.5)])
+    assert (low, high) == pytest.approx(alone)
+    assert low < nipd(acc, v, 0.5) < high
+    same = np.column_stack([run_a] * 4)
+    assert nipd_interval(same, v, 0.5) == pytest.approx((nipd(same, v, 0.5),) * 2)
+    assert nipd_interval(acc, v, 0.5, seed=3) == (low, high)  # seeded
+
+
+def test_metric_agreement_golden():
+    """Four models, one condition. RI and MaRI order the models identically (ρ = 1), CRoMa reverses
+    the last two (ranks 1, 2, 4, 3 against 1, 2, 3, 4: ρ = 1 − 6·2/(4·15) = 0.8). nIPD is joined only
+    from the shortcut rows of the same condition; a coarse-taxonomy row is ignored."""
+    from cellpath.robustness.agreement import metric_agreement
+
+    condition = {"magnification": "20x", "readout": "Nuc", "taxonomy": "fine", "confounder": "section_id",
+                 "scope": "panel", "unit": "panel"}
+    values = {"a": (0.1, 0.2, -0.1, 0.9), "b": (0.2, 0.3, 0.0, 0.8), "c": (0.3, 0.4, 0.2, 0.7),
+              "d": (0.4, 0.5, 0.1, 0.6)}  # ri, mari, croma_median, conf_bacc
+    summary = pd.DataFrame([{"model": m, **condition, "ri": ri, "mari": mari, "croma_median": c, "f0": 0.5 - c,
+                             "ltm": c - 0.3, "conf_bacc": conf} for m, (ri, mari, c, conf) in values.items()])
+    shortcut = pd.DataFrame([{"model": m, "setting": "in_domain", "magnification": "20x", "readout": "Nuc",
+                              "taxonomy": taxonomy, "confounder": "section_id", "apd": -0.1 * i,
+                              "nipd": -0.4 + 0.1 * i if taxonomy == "fine" else 0.0}
+                             for i, m in enumerate(values) for taxonomy in ("fine", "coarse")])
+    table = metric_agreement(summary, shortcut).set_index(["x", "y"])
+    assert table.loc[("ri", "mari"), "rho"] == pytest.approx(1.0)
+    assert table.loc[("ri", "croma_median"), "rho"] == pytest.approx(0.8)
+    assert table.loc[("conf_bacc", "croma_median"), "rho"] == pytest.approx(-0.8)
+    assert table.loc[("ri", "nipd_in_domain"), "rho"] == pytest.approx(1.0)  # nIPD rises a → d, as RI
+    assert table.loc[("croma_median", "nipd_in_domain"), "rho"] == pytest.approx(0.8)
+    assert table.loc[("f0", "nipd_in_domain"), "rho"] == pytest.approx(-0.8)
+    assert table.loc[("croma_median", "apd_in_domain"), "rho"] == pytest.approx(-0.8)
+    assert (table["n_models"] == 4).all()
+    two = metric_agreement(summary[summary["model"].isin(["a", "b"])], shortcut)
+    assert two["rho"].isna().all() and (two["n_models"] == 2).all()

@@ -68,6 +68,7 @@ def test_low_margin_enrichment_and_shortcut(stage):
     shortcut = pd.read_csv(reports / "shortcut_summary.csv")
     assert set(shortcut["setting"]) == {"in_domain"}  # three sections: too few to hold one out here
     assert shortcut["nipd"].notna().all()
+    assert (reports / "agreement.csv").is_file()
     curves = pd.read_csv(reports / "shortcut.csv")
     assert sorted(curves["cramers_v"].round(1).unique())[0] == 0.0
     metrics = json.loads((stage["reports"] / "robustness_metrics.json").read_text())
@@ -114,3 +115,53 @@ def test_organ_scope_needs_two_confounder_levels():
     cells = pd.DataFrame({"organ": ["A", "A", "B", "B"], "section_id": ["a1", "a2", "b1", "b1"]})
     assert [name for name, _ in scoring_units(cells, "organ", "section_id")] == ["A"]
     assert [name for name, _ in scoring_units(cells, "panel", "section_id")] == ["panel"]
+
+
+def test_k_selected_is_each_models_own_k_and_the_shortcut_records_its_condition(stage, tiny_features):
+    """``k_selected`` is the model's own k* (the first maximiser of its biological k-NN accuracy, as
+    score_embeddings selects it alone), and the shortcut summary names its confounder and runs."""
+    from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
+    from cellpath.robustness import score_embeddings
+
+    params = stage["params"]
+    summary = stage["summary"]
+    panel = load_panel_cells(tiny_features["data_dir"], params.panel)
+    row = summary[(summary["readout"] == "Nuc") & (summary["scope"] == "panel")].iloc[0]
+    x = readout_matrix(load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel), "Nuc")
+    groups = cell_groups(tiny_features["data_dir"], panel, None, "10x", params.robustness)
+    alone = score_embeddings(x, panel.cells["coarse"].to_numpy(), panel.cells["section_id"].to_numpy(), groups)
+    assert row["k_selected"] == alone.k
+    assert (summary["confounder"] == "section_id").all()
+    shortcut = pd.read_csv(stage["reports"] / "robustness" / "shortcut_summary.csv")
+    assert (shortcut[["confounder", "n_runs"]].drop_duplicates().values.tolist() == [["section_id", 2]])
+    assert (shortcut["nipd_low"] <= shortcut["nipd"]).all() and (shortcut["nipd"] <= shortcut["nipd_high"]).all()
+
+
+def test_models_scored_together_share_k_but_keep_their_own_k_star():
+    """Three stand-in models whose own k* differ: RI/MaRI use the shared k (the lower median of the
+    k*), while each row's k_selected is that model's own k* (before, the shared k was reported)."""
+    from types import SimpleNamespace
+
+    from cellpath.config import RobustnessConfig
+    from cellpath.robustness import score_embeddings, shared_k
+    from cellpath.robustness_stage import _score_models
+
+    rng = np.random.default_rng(0)
+    n = 240
+    biology = np.repeat([0, 1, 2], n // 3)
+    confounder = np.tile([0, 1], n // 2)
+    groups = np.arange(n)
+    cells = pd.DataFrame({"coarse": biology, "section_id": confounder})
+    specs, bases = [], {}
+    for i, noise in enumerate((0.3, 1.0, 2.5)):  # cleaner features → a smaller best k
+        x = np.eye(3)[biology] * 2.0 + rng.normal(0, noise, (n, 3))
+        x = np.concatenate([x, rng.normal(0, 1, (n, 5))], axis=1).astype(np.float32)
+        specs.append(SimpleNamespace(slug=f"model-{i}"))
+        bases[f"model-{i}"] = {"Nuc": x, "Mean": x}
+    own = [score_embeddings(bases[s.slug]["Nuc"], biology, confounder, groups).k for s in specs]
+    assert len(set(own)) > 1, own  # the case worth testing
+    scored = _score_models(specs, bases, {s.slug: groups for s in specs}, np.arange(n), cells,
+                           {"taxonomy": "coarse", "readout": "Nuc"}, RobustnessConfig(confounder="section_id"))
+    k = int(shared_k(own))
+    assert [result.k for _, result, _ in scored] == [k, k, k]
+    assert [own_k for _, _, own_k in scored] == own

@@ -32,7 +32,7 @@ from cellpath.tracking import provenance_tags
 log = logging.getLogger(__name__)
 
 PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement", "is_panels", "cra_panels"]
-ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary"]
+ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary", "agreement"]
 TAXONOMY_NAMES = {"fine": "Tfine", "coarse": "Tcoarse"}
 
 GLOSSARY = [
@@ -182,8 +182,18 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         "flag among the models of the condition, and the shortcut probe's nIPD.",
         rob.set_index("model"), percent_pairs=False, percent_columns=())
     shortcut = inputs.robustness["shortcut_summary"]
-    out["shortcut"] = _table("shortcut", "Shortcut probe", "APD and nIPD per model and evaluation setting.",
-                             shortcut.set_index("model"), percent_pairs=False, percent_columns=())
+    out["shortcut"] = _table("shortcut", "Shortcut probe",
+                             "APD and nIPD per model and evaluation setting, nIPD with its 95 % percentile bootstrap "
+                             "interval over the resampling runs (n_runs); the confounder the training pools were "
+                             "biased by.", tables.shortcut_table(shortcut).set_index("model"), percent_pairs=False,
+                             percent_columns=())
+    out["agreement"] = _table(
+        "agreement", "Rank agreement of the robustness metrics",
+        "Spearman ρ across models per condition: RI, MaRI and median CRoMa with each other (CRoMa paper, Table "
+        "S4); each representation metric with the shortcut probe's nIPD and median CRoMa with APD on the probe's "
+        "own condition (Table S8; positive: more robust, less degradation); confounder k-NN accuracy with median "
+        "CRoMa. Undefined (–) with fewer than three models.",
+        inputs.robustness["agreement"].set_index("x"), percent_pairs=False, percent_columns=())
     enrichment = inputs.robustness["low_margin_enrichment"].sort_values("enrichment", ascending=False)
     out["low_margin_enrichment"] = _table(
         "low_margin_enrichment", "Low-margin enrichment",
@@ -327,7 +337,8 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
                            f"{', '.join(missing_scale)}." if missing_scale else ""),
         "effect_tables": [by_name["rank_agreement"], by_name["magnification_retention"]],
         "panel_table": by_name["panel_robustness"], "robustness_table": by_name["robustness"],
-        "shortcut_table": by_name["shortcut"], "enrichment_table": by_name["low_margin_enrichment"],
+        "shortcut_table": by_name["shortcut"], "agreement_table": by_name["agreement"],
+        "enrichment_table": by_name["low_margin_enrichment"],
         "class_table": by_name["class_counts"], "candidates_table": by_name["panels"],
         "figures": pngs, "pareto_figures": paretos, "thumbnails": thumbs, "where": where, "glossary": GLOSSARY,
     }

@@ -38,6 +38,7 @@ from cellpath.panel_cells import PanelCells, encoder_patch_ids, load_base_readou
 from cellpath.probe_stage import flat_metrics
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
+from cellpath.robustness.agreement import metric_agreement
 from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
 from cellpath.tracking import Tracker
@@ -102,7 +103,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
                 margin_frames.append(margins)
                 condition = {key: row[key] for key in CONDITION_KEYS}
                 scores = {key: value for key, value in row.items()
-                          if key not in ("model", *CONDITION_KEYS, "k_selected")}
+                          if key not in ("model", *CONDITION_KEYS, "confounder")}  # k_selected: a metric per model
                 tracker.log_child(" ".join([row["model"], *condition.values()]),
                                   {"model": row["model"], **condition, "m": cfg.m, "k": row["k"], "group": cfg.group,
                                    "confounder": cfg.confounder}, scores, {"margins.parquet": margins})
@@ -112,8 +113,9 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
         summary = pd.DataFrame(rows)
         shortcut_curves, shortcut_summary = _shortcut(params, outcomes[len(tasks):])
         metrics = robustness_metrics(summary, shortcut_summary, headline_magnification(magnifications))
+        agreement = metric_agreement(summary, shortcut_summary)
         _write(reports, summary, pd.concat(margin_frames, ignore_index=True),
-               pd.concat(enrichment_frames, ignore_index=True), shortcut_curves, shortcut_summary, metrics)
+               pd.concat(enrichment_frames, ignore_index=True), shortcut_curves, shortcut_summary, agreement, metrics)
         tracker.finish({"panel": params.panel, "group": cfg.group, "confounder": cfg.confounder, "m": cfg.m,
                         "alpha": cfg.alpha, "k": cfg.k, "scopes": ",".join(cfg.scopes)},
                        flat_metrics(metrics), [reports / "robustness" / "summary.csv"])
@@ -193,8 +195,9 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
             for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
                 condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
                              "scope": scope, "unit": unit}
-                for spec, result in _score_models(specs, bases, groups, unit_rows, cells, condition, cfg):
-                    rows.append({"model": spec.name, **condition, **result.summary(), "k_selected": _own_k(result)})
+                for spec, result, own_k in _score_models(specs, bases, groups, unit_rows, cells, condition, cfg):
+                    rows.append({"model": spec.name, **condition, "confounder": cfg.confounder, **result.summary(),
+                                 "k_selected": own_k})
                     margins = _margin_frame(cells.iloc[unit_rows], result.margins, spec.name, condition, taxonomy)
                     margin_frames.append(margins)
                     enrichment = low_margin_enrichment(result.margins, margins,
@@ -208,16 +211,11 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                                                                                         index=False)
 
 
-def _own_k(result) -> int:
-    """This model's k*: the first maximiser of its biological k-NN balanced accuracy curve."""
-    from cellpath.robustness import select_k
-
-    return int(select_k(result.bio_bacc_by_k, sorted(result.bio_bacc_by_k)))
-
-
 def _score_models(specs: list[EncoderSpec], bases: dict[str, dict[str, np.ndarray]], groups: dict[str, np.ndarray],
                   unit_rows: np.ndarray, cells: pd.DataFrame, condition: dict, cfg: RobustnessConfig) -> list[tuple]:
-    """Score each model of one condition; RI/MaRI at the shared k unless ``robustness.k`` is set."""
+    """Score each model of one condition: (spec, result, the model's own k*). RI/MaRI are at the
+    shared k (the lower median of the models' k*) unless ``robustness.k`` is set; k* is each
+    model's own maximiser of its biological k-NN accuracy, whatever k the scores use."""
     from cellpath.robustness import score_embeddings, shared_k
 
     biology = cells[condition["taxonomy"]].to_numpy()[unit_rows]
@@ -228,11 +226,10 @@ def _score_models(specs: list[EncoderSpec], bases: dict[str, dict[str, np.ndarra
         return score_embeddings(features[spec.slug], biology, confounder, groups[spec.slug][unit_rows], m=cfg.m, k=k,
                                 alpha=cfg.alpha)
 
-    if cfg.k is not None:
-        return [(spec, score(spec, cfg.k)) for spec in specs]
-    first = [(spec, score(spec, None)) for spec in specs]
-    k = int(shared_k([result.k for _, result in first]))
-    return [(spec, result if result.k == k else score(spec, k)) for spec, result in first]
+    first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
+    own = {spec.slug: int(result.k) for spec, result in first}
+    k = cfg.k if cfg.k is not None else int(shared_k(list(own.values())))
+    return [(spec, result if result.k == k else score(spec, k), own[spec.slug]) for spec, result in first]
 
 
 def _margin_frame(cells: pd.DataFrame, margins: np.ndarray, model: str, condition: dict, taxonomy: str) -> pd.DataFrame:
@@ -246,7 +243,8 @@ def _shortcut(params: Params, outcomes: list) -> tuple[pd.DataFrame, pd.DataFram
     cfg = params.robustness.shortcut
     if not cfg.enabled:
         return (pd.DataFrame(columns=["model", "setting", "cramers_v", "balanced_accuracy_mean", "balanced_accuracy_sd"]),
-                pd.DataFrame(columns=["model", "setting", "readout", "taxonomy", "magnification", "apd", "nipd"]))
+                pd.DataFrame(columns=["model", "setting", "readout", "taxonomy", "magnification", "confounder",
+                                      "n_runs", "apd", "nipd", "nipd_low", "nipd_high"]))
     curves = [r for o in outcomes for r in pd.read_parquet(o.output / "curves.parquet").to_dict("records")]
     summaries = [r for o in outcomes for r in pd.read_parquet(o.output / "summary.parquet").to_dict("records")]
     return pd.DataFrame(curves), pd.DataFrame(summaries)
@@ -255,7 +253,7 @@ def _shortcut(params: Params, outcomes: list) -> tuple[pd.DataFrame, pd.DataFram
 def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, magnification: str,
                    robustness: RobustnessConfig, seed: int, train_levels: list[str]) -> None:
     """Task: the shortcut probe of one encoder; writes ``out/`` with curves and summary Parquet files."""
-    from cellpath.robustness import apd, nipd, shortcut_sweep
+    from cellpath.robustness import apd, nipd, nipd_interval, shortcut_sweep
 
     cfg = robustness.shortcut
     panel = read_context(context)
@@ -271,9 +269,11 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
         for v, row in zip(sweep.cramers_v, np.asarray(accuracies)):
             curves.append({"model": spec.name, "setting": setting, "cramers_v": float(v),
                            "balanced_accuracy_mean": float(np.mean(row)), "balanced_accuracy_sd": float(np.std(row))})
+        low, high = nipd_interval(accuracies, sweep.cramers_v, sweep.chance, seed=seed)
         summaries.append({"model": spec.name, "setting": setting, "readout": cfg.readout,
-                          "taxonomy": cfg.taxonomy, "magnification": magnification,
-                          "apd": apd(accuracies), "nipd": nipd(accuracies, sweep.cramers_v, sweep.chance)})
+                          "taxonomy": cfg.taxonomy, "magnification": magnification, "confounder": cfg.confounder,
+                          "n_runs": cfg.n_runs, "apd": apd(accuracies),
+                          "nipd": nipd(accuracies, sweep.cramers_v, sweep.chance), "nipd_low": low, "nipd_high": high})
     out.mkdir()
     pd.DataFrame(curves).to_parquet(out / "curves.parquet", index=False)
     pd.DataFrame(summaries).to_parquet(out / "summary.parquet", index=False)
@@ -294,7 +294,7 @@ def robustness_metrics(summary: pd.DataFrame, shortcut: pd.DataFrame, magnificat
 
 
 def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichment: pd.DataFrame,
-           curves: pd.DataFrame, shortcut: pd.DataFrame, metrics: dict) -> None:
+           curves: pd.DataFrame, shortcut: pd.DataFrame, agreement: pd.DataFrame, metrics: dict) -> None:
     reports.mkdir(parents=True, exist_ok=True)
     with atomic_output(reports / "robustness") as out:
         out.mkdir()
@@ -303,5 +303,6 @@ def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichme
         enrichment.to_csv(out / "low_margin_enrichment.csv", index=False)
         curves.to_csv(out / "shortcut.csv", index=False)
         shortcut.to_csv(out / "shortcut_summary.csv", index=False)
+        agreement.to_csv(out / "agreement.csv", index=False)
     with atomic_output(reports / "robustness_metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -216,22 +216,37 @@ def pareto_frontier(median: np.ndarray, tail: np.ndarray) -> np.ndarray:
     return ~np.any(better_or_equal & strictly, axis=1)
 
 
+SHORTCUT_KEYS = ["model", "magnification", "readout", "taxonomy", "confounder"]  # what defines its condition
+
+
 def robustness_table(summary: pd.DataFrame, shortcut: pd.DataFrame) -> pd.DataFrame:
     """Per condition: CRoMa median, F(0), LTM, RI, MaRI, support, k-NN balanced accuracies, the
-    median–LTM Pareto flag among the models of the condition, and nIPD of the shortcut probe."""
+    median–LTM Pareto flag among the models of the condition, and the shortcut probe's nIPD with its
+    bootstrap interval, on the rows of exactly its condition: the same model, magnification,
+    readout, taxonomy and confounder, panel scope (the probe is fitted on the whole panel)."""
     keys = ["magnification", "readout", "taxonomy", "scope", "unit"]
-    columns = ["model", *keys, "n_samples", "n_undefined", "croma_median", "f0", "ltm", "ri", "mari", "support",
-               "k", "bio_bacc", "conf_bacc"]
-    table = summary[columns].copy()
+    columns = ["model", *keys, "confounder", "n_samples", "n_undefined", "croma_median", "f0", "ltm", "ri", "mari",
+               "support", "k", "k_selected", "bio_bacc", "conf_bacc"]
+    table = summary[[c for c in columns if c in summary.columns]].copy()
     table["pareto"] = False
     for _, group in table.groupby(keys, sort=False):
         table.loc[group.index, "pareto"] = pareto_frontier(group["croma_median"], group["ltm"])
-    if len(shortcut):
-        nipd = shortcut.pivot_table(index=["model", "magnification", "readout"], columns="setting", values="nipd",
+    if len(shortcut) and "confounder" in table.columns:
+        wide = shortcut.pivot_table(index=SHORTCUT_KEYS, columns="setting", values=["nipd", "nipd_low", "nipd_high"],
                                     aggfunc="first")
-        nipd.columns = [f"nipd {c}" for c in nipd.columns]
-        table = table.merge(nipd.reset_index(), on=["model", "magnification", "readout"], how="left")
+        wide.columns = [f"{value.replace('_', ' ')} {setting}" for value, setting in wide.columns]
+        joined = table[table["scope"] == "panel"].merge(wide.reset_index(), on=SHORTCUT_KEYS, how="left")
+        table = pd.concat([joined, table[table["scope"] != "panel"]], ignore_index=True)
     return table.sort_values([*keys, "croma_median"], ascending=[True] * len(keys) + [False], kind="mergesort")
+
+
+def shortcut_table(shortcut: pd.DataFrame) -> pd.DataFrame:
+    """APD and nIPD per model and setting, nIPD with its 95 % bootstrap interval over resampling runs."""
+    table = shortcut.copy()
+    if {"nipd_low", "nipd_high"} <= set(table.columns):
+        table["nIPD 95 % interval"] = [f"[{low:.3f}, {high:.3f}]" for low, high in zip(table["nipd_low"],
+                                                                                       table["nipd_high"])]
+    return table
 
 
 def class_counts(label_summary: pd.DataFrame, taxonomy: str = "fine") -> pd.DataFrame:

@@ -17,7 +17,7 @@ from cellpath.robustness.metrics import (
     shared_k,
 )
 from cellpath.robustness.neighbours import knn_excluding_groups, l2_normalise, typed_neighbours
-from cellpath.robustness.shortcut import ShortcutSweep, apd, composition, cramers_v, nipd, shortcut_sweep
+from cellpath.robustness.shortcut import ShortcutSweep, apd, composition, cramers_v, nipd, nipd_interval, shortcut_sweep
 from cellpath.robustness.table import RobustnessScores, low_margin_enrichment, score_embeddings
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "margin_aware_robustness_index",
     "median_margin",
     "nipd",
+    "nipd_interval",
     "robustness_index",
     "score_embeddings",
     "select_k",

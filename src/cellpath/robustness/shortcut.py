@@ -139,6 +139,21 @@ def nipd(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float) -> f
     return float(trapezoid((mean - mean[0]) / (mean[0] - chance), v))
 
 
+def nipd_interval(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float, *, n_boot: int = 2000,
+                  level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of :func:`nipd` over resampling runs: runs (columns) drawn with
+    replacement ``n_boot`` times, nIPD recomputed on each draw's mean curve. Seeded: the same
+    accuracies give the same interval. With one run the interval is that run's nIPD."""
+    acc = _accuracy_matrix(accuracies)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, acc.shape[1], size=(n_boot, acc.shape[1]))
+    values = [nipd(acc[:, columns], cramers_v_values, chance) for columns in draws]
+    low, high = np.quantile(values, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
 def _fit_probe(x_train, y_train, x_val, y_val, c_grid: Sequence[float]) -> LogisticRegression:
     """Logistic regression with C chosen by validation balanced accuracy, refitted on training."""
     best_c, best_score = c_grid[0], -np.inf
