@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -37,6 +38,11 @@ from conftest import HANG_GUARD_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("loopback_only")]
 
+# Run a command as a terminal's foreground job has it: SIGINT at its default. A shell that starts the
+# suite in the background without job control (`make test &` in a script, nohup) passes SIGINT on
+# as ignored, and Python then never turns it into KeyboardInterrupt: Ctrl-C would do nothing.
+WITH_DEFAULT_SIGINT = (sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execvp(sys.argv[1], sys.argv[1:])")
 REUSED = re.compile(r"executor local \(1 worker\(s\)\): (\d+) task\(s\), (\d+) already complete")
 
 
@@ -85,7 +91,7 @@ def _interrupt(work: Path, held: Callable[[dict], bool], finished: Callable[[], 
     the run's log."""
     log_path = work.parent / f"{work.name}.{len(list(work.parent.glob(f'{work.name}.*.log')))}.log"
     with open(log_path, "w") as out:
-        process = subprocess.Popen(list(command), cwd=work, env=env or dvc_env(), stdout=out,
+        process = subprocess.Popen([*WITH_DEFAULT_SIGINT, *command], cwd=work, env=env or dvc_env(), stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + HANG_GUARD_S
         while not held({"process": process, "log": log_path.read_text()}):
