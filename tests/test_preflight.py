@@ -189,3 +189,15 @@ def test_dask_executor_needs_its_packages(project, monkeypatch):
     params = _tiny(executor={"backend": "dask", "cluster": "slurm"})
     assert _messages(check_params(params, project, Path("data"))) == [
         "executor.cluster: slurm needs dask-jobqueue: pip install dask-jobqueue"]
+
+
+def test_shortcut_pool_too_small_for_the_confounder_levels(project):
+    """The project's 12 sections as acquisition batches, one held out: 11 trained levels need
+    10·11² = 1,210 pool rows for distinct Cramér's V steps of 0.1."""
+    params = _params(robustness={"shortcut": {"confounder": "section_id", "held_out": 1, "pool_size": 600}})
+    problems = _messages(check_params(params, project, Path("data")))
+    assert len(problems) == 1 and problems[0].startswith("robustness.shortcut.pool_size: a pool of 600 rows cannot "
+                                                         "realise distinct Cramér's V values for 11 confounder levels")
+    assert "it needs at least 1210" in problems[0]
+    enough = _params(robustness={"shortcut": {"confounder": "section_id", "held_out": 1, "pool_size": 1210}})
+    assert check_params(enough, project, Path("data")) == []

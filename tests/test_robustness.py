@@ -347,7 +347,7 @@ def test_shortcut_sweep_rejects_a_pool_larger_than_the_cells(probe_data):
     robust, _, bio, conf, groups = probe_data
     with pytest.raises(ValueError, match="training-pool rows"):
         shortcut_sweep(robust, bio, conf, groups, pool_size=1200, train_confounders=[0, 1], n_runs=1)
-    with pytest.raises(ValueError, match="too small to realise"):
+    with pytest.raises(ValueError, match="cannot realise distinct"):
         shortcut_sweep(robust, bio, conf, groups, pool_size=8, train_confounders=[0, 1], n_runs=1)
 
 

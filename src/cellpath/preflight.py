@@ -212,10 +212,19 @@ def _check_panels(params: Params, sections: list[PlannedSection]) -> list[Proble
     shortcut = params.robustness.shortcut
     if shortcut.enabled:
         levels = {getattr(s, shortcut.confounder) for s in sections}
-        if len(levels) - shortcut.held_out < 2:
+        trained = len(levels) - shortcut.held_out
+        if trained < 2:
             problems.append(Problem("robustness.shortcut.held_out",
                                     f"{len(levels)} {shortcut.confounder} level(s) in this run leave fewer than two to "
                                     f"train on with held_out={shortcut.held_out}; lower held_out or add sections"))
+        else:
+            from cellpath.robustness.shortcut import sweep_tables
+
+            try:  # two classes: the fewest a sweep has, so a failure here fails for any panel
+                sweep_tables(trained, 2, shortcut.pool_size)
+            except ValueError as exc:
+                problems.append(Problem("robustness.shortcut.pool_size",
+                                        f"{exc}; raise pool_size or hold out more {shortcut.confounder} levels"))
     return problems
 
 

@@ -39,6 +39,7 @@ from cellpath.probe_stage import flat_metrics
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
 from cellpath.robustness.agreement import metric_agreement
+from cellpath.robustness.shortcut import sweep_tables
 from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
 from cellpath.tracking import Tracker
@@ -169,6 +170,12 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
         raise ConfigError(f"robustness.shortcut: {len(levels)} {shortcut.confounder} level(s) leave fewer than two "
                           f"to train on with held_out={shortcut.held_out}")
     train_levels = levels[:len(levels) - shortcut.held_out]  # the last `held_out` levels (sorted) are never trained on
+    trained = panel.cells[panel.cells[shortcut.confounder].isin(train_levels)]
+    try:
+        sweep_tables(len(train_levels), trained[shortcut.taxonomy].nunique(), shortcut.pool_size)
+    except ValueError as exc:
+        raise ConfigError(f"robustness.shortcut.pool_size: {exc}; raise pool_size, hold out more "
+                          f"{shortcut.confounder} levels (held_out) or set confounder: organ") from None
     log.info("shortcut probe: trained on %s, held out %s", ", ".join(train_levels),
              ", ".join(levels[len(train_levels):]))
     headline = headline_magnification(magnifications)
@@ -260,8 +267,12 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
     cells = panel.cells
     x = readout_matrix(load_base_readouts(data_dir / "features", spec.slug, magnification, panel), cfg.readout)
     groups = cell_groups(data_dir, panel, spec, magnification, robustness)
-    sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
-                           pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed)
+    try:
+        sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
+                               pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed)
+    except ValueError as exc:  # a (confounder x class) cell of the panel too small for the pool asked of it
+        raise ConfigError(f"robustness.shortcut ({spec.name}, {magnification}): {exc}; or hold out more "
+                          f"{cfg.confounder} levels (held_out), or set confounder: organ") from None
     curves, summaries = [], []
     for setting, accuracies in (("in_domain", sweep.in_domain), ("held_out", sweep.held_out)):
         if accuracies is None:

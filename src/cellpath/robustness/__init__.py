@@ -17,7 +17,7 @@ from cellpath.robustness.metrics import (
     shared_k,
 )
 from cellpath.robustness.neighbours import knn_excluding_groups, l2_normalise, typed_neighbours
-from cellpath.robustness.shortcut import ShortcutSweep, apd, composition, cramers_v, nipd, nipd_interval, shortcut_sweep
+from cellpath.robustness.shortcut import ShortcutSweep, apd, composition, cramers_v, nipd, nipd_interval, shortcut_sweep, sweep_tables
 from cellpath.robustness.table import RobustnessScores, low_margin_enrichment, score_embeddings
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "select_k",
     "shared_k",
     "shortcut_sweep",
+    "sweep_tables",
     "typed_neighbours",
 ]

@@ -30,6 +30,7 @@ Deviations from croma's sweep, on purpose:
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,6 +140,24 @@ def nipd(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float) -> f
     return float(trapezoid((mean - mean[0]) / (mean[0] - chance), v))
 
 
+def sweep_tables(n_confounders: int, n_classes: int, pool_size: int,
+                 cramers_v_grid: Sequence[float] = CRAMERS_V_GRID) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The training-pool tables of a sweep and the Cramér's V each realises. Raises ValueError, saying
+    the smallest pool that works, when the integer tables cannot realise strictly increasing V (a
+    grid step of 0.1 needs about 10·L² rows, L = max(#confounders, #classes))."""
+    tables = tuple(composition(n_confounders, n_classes, pool_size, float(v)) for v in cramers_v_grid)
+    realised = np.array([cramers_v(t) for t in tables])
+    if not np.all(np.diff(realised) > 0):
+        longest = max(n_confounders, n_classes)
+        enough = next(size for size in range(longest**2, 10**7, longest**2)
+                      if np.all(np.diff([cramers_v(composition(n_confounders, n_classes, size, float(v)))
+                                         for v in cramers_v_grid]) > 0))
+        raise ValueError(f"a pool of {pool_size} rows cannot realise distinct Cramér's V values for {n_confounders} "
+                         f"confounder levels x {n_classes} classes (got {realised.round(3).tolist()}); it needs at "
+                         f"least {enough}")
+    return tables, realised
+
+
 def nipd_interval(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float, *, n_boot: int = 2000,
                   level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of :func:`nipd` over resampling runs: runs (columns) drawn with
@@ -155,15 +174,20 @@ def nipd_interval(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: fl
 
 
 def _fit_probe(x_train, y_train, x_val, y_val, c_grid: Sequence[float]) -> LogisticRegression:
-    """Logistic regression with C chosen by validation balanced accuracy, refitted on training."""
-    best_c, best_score = c_grid[0], -np.inf
+    """Logistic regression on the training rows with C chosen by validation balanced accuracy (first
+    best). The grid is walked in increasing C with warm starts (each fit starts from the previous
+    solution, as a regularisation path), and the fit at the chosen C is the returned probe: the
+    same model as refitting on the training rows, at a fraction of the iterations."""
+    best, best_score = None, -np.inf
+    probe = LogisticRegression(C=c_grid[0], warm_start=True, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        for c in c_grid:
-            score = balanced_accuracy(y_val, LogisticRegression(C=c, random_state=0).fit(x_train, y_train).predict(x_val))
+        for c in sorted(c_grid):
+            probe.set_params(C=c).fit(x_train, y_train)
+            score = balanced_accuracy(y_val, probe.predict(x_val))
             if score > best_score:
-                best_c, best_score = c, score
-        return LogisticRegression(C=best_c, random_state=0).fit(x_train, y_train)
+                best, best_score = copy.deepcopy(probe), score
+    return best
 
 
 @dataclass(frozen=True)
@@ -288,10 +312,7 @@ def shortcut_sweep(
     groups = encode("group", group, len(x))
     layout = _layout(biology, confounder, len(x), train_confounders)
     n_classes = len(layout.class_names)
-    tables = tuple(composition(len(layout.levels), n_classes, pool_size, float(v)) for v in cramers_v_grid)
-    realised = np.array([cramers_v(t) for t in tables])
-    if not np.all(np.diff(realised) > 0):
-        raise ValueError(f"pool size {pool_size} is too small to realise distinct Cramér's V values {realised.round(3)}")
+    tables, realised = sweep_tables(len(layout.levels), n_classes, pool_size, cramers_v_grid)
     runs = [_run(x, groups, layout, tables, np.random.default_rng([seed, run]), validation_fraction, test_fraction,
                  c_grid) for run in range(n_runs)]
     return ShortcutSweep(
