@@ -21,8 +21,8 @@ from conftest import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow
 
-STAGES = {"fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x", "extract@filterbank-dense-20x",
-          "probe", "robustness", "report"}
+STAGES = {"validate", "fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x",
+          "extract@filterbank-dense-20x", "probe", "robustness", "report"}
 
 
 def _digest(folder: Path) -> dict[str, str]:
