@@ -187,7 +187,7 @@ def win_counts(runs: pd.DataFrame, metric: str, alpha: float = 0.05) -> pd.DataF
     for condition, group in pairs.groupby(["magnification", "readout", "taxonomy", "protocol"], sort=True):
         wins = pairwise_wins(group[["model", "pair", "score"]].rename(columns={"pair": "unit"}), alpha)
         counts = wins.groupby("model")["win"].sum().reindex(sorted(group["model"].unique()), fill_value=0)
-        frame = counts.rename("wins").reset_index()
+        frame = counts.astype(int).rename("wins").reset_index()
         for key, value in zip(["magnification", "readout", "taxonomy", "protocol"], condition):
             frame[key] = value
         frames.append(frame)
