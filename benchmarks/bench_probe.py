@@ -35,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 
 from cellpath.config import load_params, parse_params
 from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.probe import _standardiser, fit_tasks, macro_f1
+from cellpath.probe import fit_tasks, macro_f1, standardised, standardiser
 from cellpath.probe_stage import run_probe_stage
 from cellpath.probing import class_codes, plan_runs
 from cellpath.tracking import Tracker
@@ -47,8 +47,8 @@ def sklearn_loop(x, y, tasks, c_grid, max_iter: int) -> list[float]:
     """Test Macro-F1 per task from scikit-learn fits, C chosen by validation Macro-F1."""
     scores = []
     for task in tasks:
-        mean, sd = _standardiser(x[task.train])
-        scale = lambda a: (a - mean) / sd  # noqa: E731
+        scaler = standardiser(x[task.train])
+        scale = lambda a: standardised(a, scaler)  # noqa: E731
         best = None
         for c in c_grid:
             with warnings.catch_warnings():

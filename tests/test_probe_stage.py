@@ -62,6 +62,12 @@ def test_run_table_has_one_row_per_planned_run(all_protocols):
     counts_json = json.loads((all_protocols["reports"] / "probe" / "counts.json").read_text())
     assert counts_json["total"]["ok"] == len(ok) and counts_json["total"]["skipped"] == len(skipped)
     assert counts_json["total"]["unavailable"] == sum(per_readout_taxonomy.values()) * 2  # Cls × 2 taxonomies
+    # every fitted run records its iterations and whether it converged; the counts say how many did not
+    assert ok["converged"].notna().all() and ((ok["lbfgs_iterations"] >= 1) & (ok["lbfgs_iterations"] <= 30)).all()
+    assert skipped["converged"].isna().all() and skipped["lbfgs_iterations"].isna().all()
+    assert counts_json["total"]["not_converged"] == int((~ok["converged"].astype(bool)).sum())
+    assert sum(counts_json[p]["not_converged"] for p in ("is", "iocd", "mocv", "looo")) == \
+        counts_json["total"]["not_converged"]
 
 
 def test_probes_learn_the_cell_types(all_protocols):
@@ -121,11 +127,22 @@ def test_every_run_is_retrievable_from_mlflow(all_protocols):
     assert any(key.startswith("mocv/unit/fold") for key in child.data.metrics)
 
 
-def test_one_protocol_runs_only_that_protocol(probe_data, tmp_path):
+def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_path):
     params = _params(probe_data["params"], tmp_path, protocol="mocv")
     params = parse_params(params.model_dump(mode="json") | {"mlflow": {"enabled": False}})
     runs = run_probe_stage(params, probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
     assert set(runs["protocol"]) == {"mocv"}
+    # the experiment reproduces the full run's MOCV rows: no run depends on the runs batched with it
+    keys = ["model", "magnification", "readout", "taxonomy", "unit", "seed"]
+    full = all_protocols["runs"][all_protocols["runs"]["protocol"] == "mocv"]
+    joined = runs.merge(full, on=keys, suffixes=("", "_full"), validate="one_to_one")
+    assert len(joined) == len(runs) == len(full)
+    assert (joined["status"] == joined["status_full"]).all()
+    fitted = joined[joined["status"] == "ok"]
+    assert len(fitted) and (fitted["chosen_c"] == fitted["chosen_c_full"]).all()
+    assert (fitted["lbfgs_iterations"] == fitted["lbfgs_iterations_full"]).all()
+    for metric in ("val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc"):
+        assert (fitted[metric] - fitted[f"{metric}_full"]).abs().max() <= 1e-6, metric
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     assert set(metrics["filterbank-dense"]) == {"mocv"}
     assert not (tmp_path / "mlflow.db").exists()

@@ -24,7 +24,11 @@ import numpy as np
 import torch
 from scipy.stats import rankdata
 
+from cellpath import lbfgs
+
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
+DEFAULT_TOL = 1e-6        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
+DEFAULT_MAX_ITER = 1000   # L-BFGS iterations per fit; a fit that reaches it is recorded as not converged
 _MASKED_LOGIT = -1e4
 
 
@@ -51,72 +55,91 @@ class ProbeResult:
     macro_auroc: float
     macro_auprc: float
     val_macro_f1: float
+    iterations: int        # L-BFGS iterations of the slowest C of the grid
+    converged: bool        # every C of the grid met the tolerance
     fit_seconds: float
     test_pred: np.ndarray  # predicted label per test cell (a class index of the taxonomy)
 
 
-def _penalised_nll(design: torch.Tensor, flat: torch.Tensor, targets: torch.Tensor, sample_weight: torch.Tensor,
-                   class_offset: torch.Tensor, penalty: torch.Tensor, n_c: int, n_classes: int) -> torch.Tensor:
-    """Σ over tasks and candidates of weighted CE + penalty·||W||² (intercept row unpenalised).
+class _ProbeObjective:
+    """Mean cross-entropy + ||W||²/(2·C·n) of T tasks × L candidate C values, and its gradient.
 
-    ``targets``: (T, n, L) class index per row and candidate; ``class_offset``: (T, 1, L·K).
+    ``design``: (T, n, D + 1) standardised rows with a ones column, zero on padding; ``labels``:
+    (T, n); ``sample_weight``: (T, n), 1/n_t on a task's rows and 0 on padding; ``class_offset``:
+    (T, K), 0 for a scored class and −10⁴ for the others; ``penalty``: (T, L) = 1/(2·C·n_t).
+    Weights are (T, L, D + 1, K), the intercept in the last row (unpenalised); one matrix product
+    serves every candidate of a task. The gradient is analytic (no autograd graph).
     """
-    t, n, d1 = design.shape
-    logits = torch.baddbmm(class_offset, design, flat).view(t * n * n_c, n_classes)
-    nll = torch.nn.functional.cross_entropy(logits, targets.reshape(-1), reduction="none").view(t, n, n_c)
-    data_term = torch.einsum("tnl,tn->tl", nll, sample_weight)
-    weights = flat[:, :-1].view(t, d1 - 1, n_c, n_classes)
-    return (data_term + penalty * (weights**2).sum(dim=(1, 3))).sum()
+
+    def __init__(self, design: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor,
+                 class_offset: torch.Tensor, penalty: torch.Tensor) -> None:
+        self.design, self.labels, self.sample_weight = design, labels, sample_weight
+        self.class_offset, self.penalty = class_offset, penalty
+        self.onehot = torch.nn.functional.one_hot(labels, class_offset.shape[1]).to(design.dtype)[:, :, None, :]
+        self.penalised = torch.ones(design.shape[2], 1, dtype=design.dtype, device=design.device)
+        self.penalised[-1] = 0.0
+
+    def subset(self, rows: torch.Tensor, columns: torch.Tensor) -> "_ProbeObjective":
+        return _ProbeObjective(self.design[rows], self.labels[rows], self.sample_weight[rows],
+                               self.class_offset[rows], self.penalty[rows][:, columns])
+
+    def __call__(self, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t, n_c, d1, k = weights.shape
+        n = self.design.shape[1]
+        columns = weights.permute(0, 2, 1, 3).reshape(t, d1, n_c * k)  # (T, D + 1, L·K)
+        logits = torch.bmm(self.design, columns).view(t, n, n_c, k)
+        log_p = torch.log_softmax(logits + self.class_offset[:, None, None, :], dim=-1)
+        data = -(self.sample_weight[:, :, None] * (log_p * self.onehot).sum(dim=-1)).sum(dim=1)  # (T, L)
+        penalised = weights * self.penalised
+        value = data + self.penalty * (penalised**2).sum(dim=(2, 3))
+        residual = (torch.exp(log_p) - self.onehot) * self.sample_weight[:, :, None, None]
+        grad = torch.bmm(self.design.transpose(1, 2), residual.view(t, n, n_c * k)).view(t, d1, n_c, k)
+        return value, grad.permute(0, 2, 1, 3) + 2.0 * self.penalty[:, :, None, None] * penalised
 
 
-def _minimise(design: torch.Tensor, targets: torch.Tensor, sample_weight: torch.Tensor, class_offset: torch.Tensor,
-              penalty: torch.Tensor, init: torch.Tensor, n_classes: int, max_iter: int, tol: float) -> torch.Tensor:
-    """L-BFGS (strong Wolfe) on the summed objectives from ``init`` (T, D + 1, L·K); returns the weights."""
-    n_c = penalty.shape[1]
-    flat = init.clone().requires_grad_(True)
-    optimiser = torch.optim.LBFGS([flat], lr=1.0, max_iter=max_iter, tolerance_grad=tol, tolerance_change=1e-9,
-                                  history_size=20, line_search_fn="strong_wolfe")
-    offset = class_offset.repeat(1, n_c)[:, None, :]
-    expanded = targets[:, :, None].expand(-1, -1, n_c).contiguous()
+@dataclass(frozen=True)
+class BatchFit:
+    """Weights (T, L, D + 1, K) of T tasks × L candidate C values and how each fit ended (T, L)."""
 
-    def closure() -> torch.Tensor:
-        optimiser.zero_grad()
-        loss = _penalised_nll(design, flat, expanded, sample_weight, offset, penalty, n_c, n_classes)
-        loss.backward()
-        return loss
-
-    optimiser.step(closure)
-    return flat.detach()
+    weights: torch.Tensor
+    iterations: torch.Tensor
+    converged: torch.Tensor
+    grad_max: torch.Tensor
 
 
 def fit_logistic_batch(design: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor,
-                       class_mask: torch.Tensor, c_grid: tuple[float, ...], max_iter: int = 100,
-                       tol: float = 1e-5) -> torch.Tensor:
-    """Weights (T, L, D + 1, K) for T tasks × L candidate C values, fitted jointly from zero.
+                       class_mask: torch.Tensor, c_grid: tuple[float, ...], max_iter: int = DEFAULT_MAX_ITER,
+                       tol: float = DEFAULT_TOL) -> BatchFit:
+    """Fit T tasks × L candidate C values from zero, each to its own convergence (``cellpath.lbfgs``).
 
     ``design``: (T, n, D + 1) standardised features with a ones column (padding rows are zero);
     ``labels``: (T, n) class indices; ``sample_weight``: (T, n), 1/n_t on a task's training rows
-    and 0 on padding; ``class_mask``: (T, K) bool, the classes each task scores.
+    and 0 on padding; ``class_mask``: (T, K) bool, the classes each task scores. ``tol`` bounds the
+    largest absolute gradient entry of each objective, as scikit-learn's ``tol`` for lbfgs. Fits run
+    in float64 (inputs are converted): in float32 the objective's rounding (~1e-7 relative) stops
+    the line search long before a gradient tolerance of 1e-6 is reached.
     """
+    design, sample_weight = design.to(torch.float64), sample_weight.to(torch.float64)
     t, n, d1 = design.shape
     n_classes = class_mask.shape[1]
     n_train = (sample_weight > 0).sum(dim=1).to(design.dtype)  # (T,)
     c_values = torch.tensor(c_grid, dtype=design.dtype, device=design.device)
     penalty = 1.0 / (2.0 * c_values[None, :] * n_train[:, None])  # (T, L)
     class_offset = torch.where(class_mask, 0.0, _MASKED_LOGIT).to(design.dtype)
-    init = torch.zeros(t, d1, len(c_grid) * n_classes, dtype=design.dtype, device=design.device)
-    flat = _minimise(design, labels.clamp(min=0), sample_weight, class_offset, penalty, init, n_classes, max_iter, tol)
-    return flat.view(t, d1, len(c_grid), n_classes).permute(0, 2, 1, 3).contiguous()
+    objective = _ProbeObjective(design, labels.clamp(min=0), sample_weight, class_offset, penalty)
+    init = torch.zeros(t, len(c_grid), d1, n_classes, dtype=design.dtype, device=design.device)
+    solution = lbfgs.minimise(objective, init, tol=tol, max_iter=max_iter)
+    return BatchFit(solution.x, solution.iterations, solution.converged, solution.grad_max)
 
 
 def fit_logistic_path(x: torch.Tensor, y: torch.Tensor, n_classes: int, c_grid: tuple[float, ...],
-                      max_iter: int = 150, tol: float = 1e-5) -> torch.Tensor:
-    """One task's weights (L, D + 1, K) minimising mean CE + ||W||²/(2·C·n) for every C of ``c_grid``."""
+                      max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> BatchFit:
+    """One task's fits (a batch of one) minimising mean CE + ||W||²/(2·C·n) for every C of ``c_grid``."""
     n = len(x)
     design = torch.cat([x, torch.ones(n, 1, dtype=x.dtype, device=x.device)], dim=1)[None]
     weight = torch.full((1, n), 1.0 / n, dtype=x.dtype, device=x.device)
     mask = torch.ones(1, n_classes, dtype=torch.bool, device=x.device)
-    return fit_logistic_batch(design, y[None], weight, mask, c_grid, max_iter, tol)[0]
+    return fit_logistic_batch(design, y[None], weight, mask, c_grid, max_iter, tol)
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> float:
@@ -171,24 +194,33 @@ def macro_scores(y_true: np.ndarray, probabilities: np.ndarray, classes: np.ndar
     return f1, float(auroc), float(auprc)
 
 
-def _standardiser(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def standardiser(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and SD (float64) of a task's training rows; an SD below 1e-8 becomes 1."""
     mean = x_train.mean(axis=0, dtype=np.float64)
     sd = x_train.std(axis=0, dtype=np.float64)
     sd[sd < 1e-8] = 1.0
-    return mean.astype(np.float32), sd.astype(np.float32)
+    return mean, sd
 
 
-def _batches(tasks: list[ProbeTask], width: int, budget_bytes: int, max_padding: float = 0.25) -> list[list[int]]:
+def standardised(x: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Rows of ``x`` standardised with a task's training ``scaler``, float64: what every fit sees."""
+    mean, sd = scaler
+    return (np.asarray(x, dtype=np.float64) - mean) / sd
+
+
+def _batches(tasks: list[ProbeTask], row_bytes: int, task_bytes: int, budget_bytes: int,
+             max_padding: float = 0.25) -> list[list[int]]:
     """Task positions grouped by training size under a memory budget.
 
     Tasks are sorted by training size; a group closes when the next task would exceed the budget
-    or pad the group's smallest task by more than ``max_padding`` of the largest.
+    (``row_bytes`` per padded training row plus ``task_bytes`` per task) or pad the group's
+    smallest task by more than ``max_padding`` of the largest.
     """
     order = sorted(range(len(tasks)), key=lambda i: len(tasks[i].train))
     groups, current = [], []
     for i in order:
         n_max = len(tasks[i].train)  # the largest so far in this sorted group
-        too_big = (len(current) + 1) * n_max * width * 4 * 3 > budget_bytes
+        too_big = (len(current) + 1) * (n_max * row_bytes + task_bytes) > budget_bytes
         too_uneven = current and len(tasks[current[0]].train) < (1 - max_padding) * n_max
         if current and (too_big or too_uneven):
             groups.append(current)
@@ -197,50 +229,58 @@ def _batches(tasks: list[ProbeTask], width: int, budget_bytes: int, max_padding:
     return groups + ([current] if current else [])
 
 
+def _batch_bytes(width: int, n_candidates: int, n_classes: int) -> tuple[int, int]:
+    """float64 bytes per padded training row (the design row; logits, probabilities, residuals and
+    one-hot targets) and per task (the optimiser's history and working copies of the weights)."""
+    outputs = n_candidates * n_classes
+    return 8 * (width + 4 * outputs), 8 * (2 * lbfgs.HISTORY + 8) * width * outputs
+
+
 def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTask], *,
-              c_grid: tuple[float, ...] = DEFAULT_C_GRID, max_iter: int = 100, device: str = "cpu",
-              batch_memory_mb: int = 512) -> list[ProbeResult]:
+              c_grid: tuple[float, ...] = DEFAULT_C_GRID, max_iter: int = DEFAULT_MAX_ITER,
+              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: int = 512) -> list[ProbeResult]:
     """Fit, select and score every task on one feature matrix ``x`` (cells × D) with labels ``y``.
 
-    ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). ``fit_seconds`` of
-    each result is its batch's wall time shared equally among the batch's tasks.
+    ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
+    runs to its own convergence, so a task's result does not depend on the tasks batched with it.
+    ``fit_seconds`` of each result is its batch's wall time shared equally among the batch's tasks.
     """
-    x = np.asarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.int64)
+    width = x.shape[1] + 1
     results: list[ProbeResult | None] = [None] * len(tasks)
-    for group in _batches(tasks, x.shape[1] + 1, batch_memory_mb * 1024**2):
+    for group in _batches(tasks, *_batch_bytes(width, len(c_grid), n_classes), batch_memory_mb * 1024**2):
         started = time.perf_counter()
         batch = [tasks[i] for i in group]
         n_max = max(len(task.train) for task in batch)
-        design = np.zeros((len(batch), n_max, x.shape[1] + 1), dtype=np.float32)
+        design = np.zeros((len(batch), n_max, width), dtype=np.float64)
         labels = np.zeros((len(batch), n_max), dtype=np.int64)
-        weight = np.zeros((len(batch), n_max), dtype=np.float32)
+        weight = np.zeros((len(batch), n_max), dtype=np.float64)
         mask = np.zeros((len(batch), n_classes), dtype=bool)
         scalers = []
         for b, task in enumerate(batch):
-            mean, sd = _standardiser(x[task.train])
-            scalers.append((mean, sd))
+            scalers.append(standardiser(x[task.train]))
             n = len(task.train)
-            design[b, :n, :-1] = (x[task.train] - mean) / sd
+            design[b, :n, :-1] = standardised(x[task.train], scalers[-1])
             design[b, :n, -1] = 1.0
             labels[b, :n] = y[task.train]
             weight[b, :n] = 1.0 / n
             mask[b, task.classes] = True
-        weights = fit_logistic_batch(torch.from_numpy(design).to(device), torch.from_numpy(labels).to(device),
-                                     torch.from_numpy(weight).to(device), torch.from_numpy(mask).to(device),
-                                     tuple(c_grid), max_iter=max_iter)
-        scored = [_score_task(x, y, task, weights[b], scalers[b], c_grid) for b, task in enumerate(batch)]
+        fit = fit_logistic_batch(*(torch.from_numpy(a).to(device) for a in (design, labels, weight, mask)),
+                                 tuple(c_grid), max_iter=max_iter, tol=tol)
+        iterations = fit.iterations.amax(dim=1).cpu().numpy()
+        converged = fit.converged.all(dim=1).cpu().numpy()
+        scored = [_score_task(x, y, task, fit.weights[b], scalers[b], c_grid) for b, task in enumerate(batch)]
         share = (time.perf_counter() - started) / len(batch)
-        for i, (chosen, val_f1, scores, pred) in zip(group, scored):
-            results[i] = ProbeResult(chosen, *scores, val_f1, share, pred)
+        for b, (i, (chosen, val_f1, scores, pred)) in enumerate(zip(group, scored)):
+            results[i] = ProbeResult(chosen, *scores, val_f1, int(iterations[b]), bool(converged[b]), share, pred)
     return results  # type: ignore[return-value]
 
 
 def _class_probabilities(x: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], weights: torch.Tensor,
                          classes: np.ndarray) -> np.ndarray:
     """(L, n, len(classes)) softmax over the task's classes for every candidate."""
-    mean, sd = scaler
-    design = torch.from_numpy(np.concatenate([(x - mean) / sd, np.ones((len(x), 1), np.float32)], axis=1))
+    rows = standardised(x, scaler)
+    design = torch.from_numpy(np.concatenate([rows, np.ones((len(x), 1))], axis=1))
     logits = design.to(weights.device) @ weights[:, :, torch.as_tensor(classes, device=weights.device)]
     return torch.softmax(logits, dim=-1).cpu().numpy()
 
@@ -258,10 +298,10 @@ def _score_task(x: np.ndarray, y: np.ndarray, task: ProbeTask, weights: torch.Te
 
 def run_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, x_test: np.ndarray,
               y_test: np.ndarray, n_classes: int, *, c_grid: tuple[float, ...] = DEFAULT_C_GRID,
-              max_iter: int = 150, device: str = "cpu") -> ProbeResult:
+              max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, device: str = "cpu") -> ProbeResult:
     """One probe from separate train/val/test arrays (labels 0..n_classes-1, all classes scored)."""
-    x = np.concatenate([x_train, x_val, x_test]).astype(np.float32)
+    x = np.concatenate([x_train, x_val, x_test])
     y = np.concatenate([y_train, y_val, y_test])
     bounds = np.cumsum([0, len(x_train), len(x_val), len(x_test)])
     task = ProbeTask(*(np.arange(bounds[i], bounds[i + 1]) for i in range(3)), classes=np.arange(n_classes))
-    return fit_tasks(x, y, n_classes, [task], c_grid=c_grid, max_iter=max_iter, device=device)[0]
+    return fit_tasks(x, y, n_classes, [task], c_grid=c_grid, max_iter=max_iter, tol=tol, device=device)[0]

@@ -198,6 +198,8 @@ def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
     for protocol, part in frame.groupby("protocol", sort=False):
         metrics[f"{protocol}/runs_ok"] = float((part["status"] == "ok").sum())
         metrics[f"{protocol}/runs_skipped"] = float((part["status"] == "skipped").sum())
+        fitted = part[part["status"] == "ok"]
+        metrics[f"{protocol}/runs_not_converged"] = float((~fitted["converged"].astype(bool)).sum())
         for metric in METRICS:
             summary = protocol_summary(part, metric)
             if len(summary):
@@ -244,9 +246,11 @@ def run_counts(runs: pd.DataFrame, unavailable: dict[str, int]) -> dict:
     counts = {}
     for protocol in unavailable:
         part = runs[runs["protocol"] == protocol]
-        counts[protocol] = {"ok": int((part["status"] == "ok").sum()),
-                            "skipped": int((part["status"] == "skipped").sum()), "unavailable": unavailable[protocol]}
-    counts["total"] = {k: sum(c[k] for c in counts.values()) for k in ("ok", "skipped", "unavailable")}
+        fitted = part[part["status"] == "ok"]
+        counts[protocol] = {"ok": len(fitted), "skipped": int((part["status"] == "skipped").sum()),
+                            "unavailable": unavailable[protocol],
+                            "not_converged": int((~fitted["converged"].astype(bool)).sum())}
+    counts["total"] = {k: sum(c[k] for c in counts.values()) for k in ("ok", "skipped", "unavailable", "not_converged")}
     return counts
 
 

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 EXCLUSION_COLUMNS = [f"n_test_excluded_{rule}" for rule in IS_EXCLUSION_RULES]  # IS test cells each rule removed
 RUN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "organ", "seed", "status",
                "skip_reason", "n_train", "n_val", "n_test", *EXCLUSION_COLUMNS, "n_classes", "classes", "chosen_c",
-               "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "fit_seconds"]
+               "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "lbfgs_iterations", "converged",
+               "fit_seconds"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cf
     codes, names = class_codes(cells[taxonomy])
     active = [run for run in runs if run.task is not None]
     results = fit_tasks(x, codes, len(names), [run.task for run in active], c_grid=tuple(cfg.c_grid),
-                        max_iter=cfg.max_iter, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb)
+                        max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb)
     by_run = {id(run): result for run, result in zip(active, results)}
     rows = []
     for run in runs:
@@ -113,7 +114,10 @@ def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cf
         if result is not None:
             row |= {"chosen_c": result.chosen_c, "val_macro_f1": result.val_macro_f1, "macro_f1": result.macro_f1,
                     "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
+                    "lbfgs_iterations": result.iterations, "converged": result.converged,
                     "fit_seconds": result.fit_seconds}
         rows.append(row)
-    return pd.DataFrame(rows)
+    columns = [c for c in RUN_COLUMNS if c not in ("model", "magnification", "readout")]  # the caller's keys
+    frame = pd.DataFrame(rows).reindex(columns=columns)  # every column, even when every run is skipped
+    return frame.astype({"lbfgs_iterations": "Int64", "converged": "boolean"})
 

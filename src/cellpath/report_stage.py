@@ -309,7 +309,7 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "n_organs": panel["organ"].nunique(), "n_cells": _evaluated_cells(cells, panel),
         "encoders": sorted(inputs.runs["model"].unique()), "magnifications": magnifications,
         "headline": headline_magnification(magnifications), "source": params.source, "git_commit": commit,
-        "runs": {k: counts.get(k, 0) for k in ("ok", "skipped", "unavailable")},
+        "runs": {k: counts.get(k, 0) for k in ("ok", "skipped", "unavailable", "not_converged")},
         "notes": [f"{n} section(s) excluded by annotation are listed in the data section, not evaluated."
                   for n in [int(inputs.panels["excluded_by_annotation"].sum())] if n],
     }
