@@ -3,10 +3,11 @@
 Written for throughput. A *task* is one probe run (train/val/test rows of one feature matrix and
 the classes it scores). Tasks are fitted in batches: the batch's training matrices, each
 standardised with its own training mean and SD, are padded into one (T, n, D + 1) tensor, and
-the weights of every task and every candidate L2 strength form one (T, D + 1, L·K) tensor, so
-each L-BFGS step is a single batched matrix product. One L-BFGS run minimises the sum of the
-T·L independent objectives (the sum separates, so its minimum is each one's minimum) — in torch,
-on the CPU here and on CUDA where available. Classes a task does not score get a fixed −10⁴
+the weights of every task and every candidate L2 strength form one (T, L, D + 1, K) tensor, so
+each evaluation is one batched matrix product for all of them. Every (task, C) fit has its own
+L-BFGS state and stopping test (``cellpath.lbfgs``; ``tol``, ``max_iter`` per fit), so a task's
+result does not depend on the tasks batched with it — in torch, float64, on the CPU here and on
+CUDA where available. Classes a task does not score get a fixed −10⁴
 logit offset, so one batch mixes tasks with different gated classes.
 
 Each objective is scikit-learn's scaled by 1/n: mean cross-entropy + ||W||² / (2·C·n) (intercept
@@ -242,7 +243,8 @@ def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTas
     """Fit, select and score every task on one feature matrix ``x`` (cells × D) with labels ``y``.
 
     ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
-    runs to its own convergence, so a task's result does not depend on the tasks batched with it.
+    stops on its own test (``tol`` or ``max_iter``), so a task's result does not depend on the
+    tasks batched with it; ``ProbeResult.converged`` says whether every C met ``tol``.
     ``fit_seconds`` of each result is its batch's wall time shared equally among the batch's tasks.
     """
     y = np.asarray(y, dtype=np.int64)
