@@ -1,4 +1,4 @@
-"""The torch probe against scikit-learn's LogisticRegression on small seeded data."""
+"""The probe (both solvers) against scikit-learn's LogisticRegression on small seeded data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.preprocessing import StandardScaler
 
-from cellpath.probe import DEFAULT_C_GRID, fit_logistic_path, run_probe
+from cellpath.probe import DEFAULT_C_GRID, fit_logistic_path, fit_logistic_scipy, fit_tasks, resolve_solver, run_probe
 
 
 def _data(seed: int, n: int, k: int = 5, d: int = 32, separation: float = 0.6, problem: int = 0):
@@ -67,7 +67,7 @@ def test_every_fit_records_its_iterations_and_convergence():
     assert fit.iterations[0, 0] < fit.iterations[0, 1]  # weak regularisation takes longer
     capped = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 4, (0.01, 10.0), tol=1e-6, max_iter=3)
     assert capped.iterations.tolist() == [[3, 3]] and not capped.converged.any()
-    result = run_probe(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3)
+    result = run_probe(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3, solver="torch")
     assert result.iterations == 3 and result.converged is False
 
 
@@ -136,13 +136,11 @@ def _tasks(y: np.ndarray, sizes, class_sets, seed: int = 0):
 
 
 def test_a_task_scores_the_same_alone_and_in_two_different_batches():
-    from cellpath.probe import fit_tasks
-
     x, y = _data(11, 4000, k=5, d=24)
     tasks = _tasks(y, (400, 450, 480, 500, 1200), ([0, 1, 2, 3, 4], [1, 3], [0, 2, 4], [0, 1, 2, 3, 4], [2, 3, 4]))
-    alone = [fit_tasks(x, y, 5, [task])[0] for task in tasks]
-    together = fit_tasks(x, y, 5, tasks)           # padded to 500 rows beside tasks of other classes
-    reversed_ = fit_tasks(x, y, 5, tasks[::-2])[::-1]  # tasks 4, 2, 0: other company, other padding
+    alone = [fit_tasks(x, y, 5, [task], solver="torch")[0] for task in tasks]
+    together = fit_tasks(x, y, 5, tasks, solver="torch")  # padded to 500 rows beside tasks of other classes
+    reversed_ = fit_tasks(x, y, 5, tasks[::-2], solver="torch")[::-1]  # tasks 4, 2, 0: other company, padding
     for a, b in [*zip(alone, together), *zip(alone[::2], reversed_)]:
         assert (a.chosen_c, a.iterations, a.converged) == (b.chosen_c, b.iterations, True)
         for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
@@ -185,3 +183,68 @@ def test_batches_respect_memory_and_padding():
     assert [[sizes[i] for i in g] for g in groups] == [[100, 110, 120], [400, 420], [2000]]
     small_budget = _batches(tasks, row_bytes=80, task_bytes=1000, budget_bytes=2 * (120 * 80 + 1000))
     assert [[sizes[i] for i in g] for g in small_budget] == [[100, 110], [120], [400], [420], [2000]]
+
+
+def _design(x):
+    return np.concatenate([x, np.ones((len(x), 1))], axis=1)
+
+
+@pytest.mark.parametrize("solver", ["scipy", "torch"])
+def test_two_class_fits_are_scikit_learns_binary_model(solver):
+    """scikit-learn fits one vector v with ||v||²/(2C) for two classes; the probe's two columns must give
+    the same logit difference (a two-column softmax penalised as for K > 2 is scikit-learn's model at 2C)."""
+    import torch
+
+    x, y = _data(7, 600, k=2, d=8, separation=0.8)
+    x = StandardScaler().fit_transform(x)
+    for c in (0.05, 1.0):
+        if solver == "scipy":
+            w = fit_logistic_scipy(_design(x), y, 2, (c,), tol=1e-10)[0][0]
+        else:
+            w = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 2, (c,), tol=1e-10).weights[0, 0].numpy()
+        model = LogisticRegression(C=c, tol=1e-10, max_iter=10000).fit(x, y)
+        np.testing.assert_allclose(w[:-1, 1] - w[:-1, 0], model.coef_[0], atol=1e-6)
+        np.testing.assert_allclose(w[-1, 1] - w[-1, 0], model.intercept_[0], atol=1e-6)
+
+
+def test_scipy_weights_match_sklearn_coefficients():
+    x, y = _data(5, 800, k=3, d=6)
+    x = StandardScaler().fit_transform(x)
+    weights, iterations, converged = fit_logistic_scipy(_design(x), y, 3, (0.1, 1.0), tol=1e-10)
+    assert converged.all() and (iterations > 0).all()
+    for i, c in enumerate((0.1, 1.0)):
+        theirs = LogisticRegression(C=c, max_iter=10000, tol=1e-10).fit(x, y)
+        theirs = np.vstack([theirs.coef_.T, theirs.intercept_[None]])
+        ours = weights[i]
+        np.testing.assert_allclose(ours - ours.mean(axis=1, keepdims=True),
+                                   theirs - theirs.mean(axis=1, keepdims=True), atol=1e-6)
+
+
+def test_the_two_solvers_give_the_same_runs():
+    x, y = _data(13, 3000, k=5, d=16)
+    tasks = _tasks(y, (400, 600, 900), ([0, 1, 2, 3, 4], [1, 3], [0, 2, 4]))
+    scipy_runs = fit_tasks(x, y, 5, tasks, solver="scipy", tol=1e-10)
+    torch_runs = fit_tasks(x, y, 5, tasks, solver="torch", tol=1e-10)
+    for a, b in zip(scipy_runs, torch_runs):
+        assert a.chosen_c == b.chosen_c and a.converged and b.converged
+        assert (a.test_pred == b.test_pred).all()
+        for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
+            assert abs(getattr(a, metric) - getattr(b, metric)) <= 1e-6
+
+
+def test_scipy_fits_record_iterations_and_the_limit():
+    x, y = _data(6, 500, k=4, d=10)
+    x = StandardScaler().fit_transform(x)
+    _, iterations, converged = fit_logistic_scipy(_design(x), y, 4, (0.01, 10.0), tol=1e-6)
+    assert converged.all() and iterations[0] < iterations[1]
+    _, capped, capped_converged = fit_logistic_scipy(_design(x), y, 4, (0.01, 10.0), tol=1e-6, max_iter=3)
+    assert capped.tolist() == [3, 3] and not capped_converged.any()
+    result = run_probe(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3, solver="scipy")
+    assert result.iterations == 3 and result.converged is False
+
+
+def test_solver_choice():
+    assert resolve_solver("auto", "cpu") == "scipy" and resolve_solver("auto", "cuda") == "torch"
+    assert resolve_solver("torch", "cpu") == "torch"
+    with pytest.raises(ValueError, match="probe solver 'newton'"):
+        resolve_solver("newton", "cpu")

@@ -1,19 +1,27 @@
 """The linear probe: multinomial logistic regression on standardised features, L2 chosen on validation.
 
-Written for throughput. A *task* is one probe run (train/val/test rows of one feature matrix and
-the classes it scores). Tasks are fitted in batches: the batch's training matrices, each
-standardised with its own training mean and SD, are padded into one (T, n, D + 1) tensor, and
-the weights of every task and every candidate L2 strength form one (T, L, D + 1, K) tensor, so
-each evaluation is one batched matrix product for all of them. Every (task, C) fit has its own
-L-BFGS state and stopping test (``cellpath.lbfgs``; ``tol``, ``max_iter`` per fit), so a task's
-result does not depend on the tasks batched with it — in torch, float64, on the CPU here and on
-CUDA where available. Classes a task does not score get a fixed −10⁴
-logit offset, so one batch mixes tasks with different gated classes.
+A *task* is one probe run (train/val/test rows of one feature matrix and the classes it scores).
+Every (task, C) fit minimises its own objective from zero to its own stopping test (``tol`` on the
+largest |gradient entry|, ``max_iter`` iterations), so a task's result does not depend on which
+tasks were fitted beside it. Two solvers minimise the same objective (``solver``):
 
-Each objective is scikit-learn's scaled by 1/n: mean cross-entropy + ||W||² / (2·C·n) (intercept
-unpenalised), so ``C`` means what it means in ``sklearn.linear_model.LogisticRegression``. The
-candidate with the best validation Macro-F1 (the strongest regularisation on ties) scores the
-test cells: Macro-F1, Macro-AUROC and Macro-AUPRC over the task's classes.
+- ``scipy`` (the default on the CPU): one ``scipy.optimize`` L-BFGS-B call per fit — scikit-learn's
+  lbfgs, with its gtol/ftol/maxls. For the probe's sizes it runs at the CPU's matrix-product rate,
+  which no batching can beat for the same iterations (docs/decisions/0019-per-fit-lbfgs.md).
+- ``torch`` (the default on CUDA): tasks in batches — their standardised training matrices padded
+  into one (T, n, D + 1) tensor and the weights of every task and candidate C one (T, L, D + 1, K)
+  tensor, so each evaluation is one batched matrix product for all of them, with a per-fit L-BFGS
+  state (``cellpath.lbfgs``). Classes a task does not score get a fixed −10⁴ logit offset, so one
+  batch mixes tasks with different gated classes.
+
+Both run in float64. Each objective is scikit-learn's scaled by 1/n: mean cross-entropy +
+||W||² / (2·C·n) (intercept unpenalised), so ``C`` means what it means in
+``sklearn.linear_model.LogisticRegression``. For a task that scores two classes scikit-learn fits
+one binary weight vector v with ||v||²/(2·C·n); the two-column softmax has the same optimum when
+its penalty is doubled (its minimum-norm columns are ±v/2), so two-class fits use 2/(2·C·n): the
+same C means the same model as in scikit-learn for every number of classes. The candidate with the
+best validation Macro-F1 (the strongest regularisation on ties) scores the test cells: Macro-F1,
+Macro-AUROC and Macro-AUPRC over the task's classes.
 """
 
 from __future__ import annotations
@@ -23,13 +31,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import minimize
+from scipy.special import log_softmax
 from scipy.stats import rankdata
+from threadpoolctl import threadpool_limits
 
 from cellpath import lbfgs
 
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
-DEFAULT_TOL = 1e-6        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
-DEFAULT_MAX_ITER = 1000   # L-BFGS iterations per fit; a fit that reaches it is recorded as not converged
+DEFAULT_TOL = 1e-8        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
+DEFAULT_MAX_ITER = 10000  # L-BFGS iterations per fit; a fit that reaches it is recorded as not converged
+SOLVERS = ("auto", "scipy", "torch")  # auto: scipy on the CPU, torch on CUDA
+SCIPY_MAX_LINE_SEARCH = 50  # scikit-learn's maxls for lbfgs
 _MASKED_LOGIT = -1e4
 
 
@@ -62,12 +75,18 @@ class ProbeResult:
     test_pred: np.ndarray  # predicted label per test cell (a class index of the taxonomy)
 
 
+def binary_factor(n_classes: int) -> float:
+    """Penalty multiplier: 2 for a two-class task (scikit-learn's binary model, see the module docstring), else 1."""
+    return 2.0 if n_classes == 2 else 1.0
+
+
 class _ProbeObjective:
     """Mean cross-entropy + ||W||²/(2·C·n) of T tasks × L candidate C values, and its gradient.
 
     ``design``: (T, n, D + 1) standardised rows with a ones column, zero on padding; ``labels``:
     (T, n); ``sample_weight``: (T, n), 1/n_t on a task's rows and 0 on padding; ``class_offset``:
-    (T, K), 0 for a scored class and −10⁴ for the others; ``penalty``: (T, L) = 1/(2·C·n_t).
+    (T, K), 0 for a scored class and −10⁴ for the others; ``penalty``: (T, L) = 1/(2·C·n_t)
+    (doubled for two-class tasks, ``binary_factor``).
     Weights are (T, L, D + 1, K), the intercept in the last row (unpenalised); one matrix product
     serves every candidate of a task. The gradient is analytic (no autograd graph).
     """
@@ -125,7 +144,9 @@ def fit_logistic_batch(design: torch.Tensor, labels: torch.Tensor, sample_weight
     n_classes = class_mask.shape[1]
     n_train = (sample_weight > 0).sum(dim=1).to(design.dtype)  # (T,)
     c_values = torch.tensor(c_grid, dtype=design.dtype, device=design.device)
-    penalty = 1.0 / (2.0 * c_values[None, :] * n_train[:, None])  # (T, L)
+    scale = torch.tensor([binary_factor(int(k)) for k in class_mask.sum(dim=1)], dtype=design.dtype,
+                         device=design.device)
+    penalty = scale[:, None] / (2.0 * c_values[None, :] * n_train[:, None])  # (T, L)
     class_offset = torch.where(class_mask, 0.0, _MASKED_LOGIT).to(design.dtype)
     objective = _ProbeObjective(design, labels.clamp(min=0), sample_weight, class_offset, penalty)
     init = torch.zeros(t, len(c_grid), d1, n_classes, dtype=design.dtype, device=design.device)
@@ -141,6 +162,54 @@ def fit_logistic_path(x: torch.Tensor, y: torch.Tensor, n_classes: int, c_grid: 
     weight = torch.full((1, n), 1.0 / n, dtype=x.dtype, device=x.device)
     mask = torch.ones(1, n_classes, dtype=torch.bool, device=x.device)
     return fit_logistic_batch(design, y[None], weight, mask, c_grid, max_iter, tol)
+
+
+class _TaskObjective:
+    """One task's mean cross-entropy + ||W||²/(2·C·n) over its own classes (doubled for two, ``binary_factor``),
+    for scipy (flat float64 weights).
+
+    ``design``: (n, D + 1) standardised rows with a ones column; ``labels``: (n,) positions 0..k-1 in
+    the task's classes; weights (D + 1, k), the intercept in the last row (unpenalised).
+    """
+
+    def __init__(self, design: np.ndarray, labels: np.ndarray, n_classes: int, c: float) -> None:
+        self.design, self.labels, self.n_classes = design, labels, n_classes
+        self.rows = np.arange(len(labels))
+        self.penalty = binary_factor(n_classes) / (2.0 * c * len(labels))
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
+        weights = flat.reshape(self.design.shape[1], self.n_classes)
+        log_p = log_softmax(self.design @ weights, axis=1)
+        n = len(self.labels)
+        value = -log_p[self.rows, self.labels].sum() / n + self.penalty * float((weights[:-1] ** 2).sum())
+        residual = np.exp(log_p)
+        residual[self.rows, self.labels] -= 1.0
+        grad = self.design.T @ (residual / n)
+        grad[:-1] += 2.0 * self.penalty * weights[:-1]
+        return float(value), grad.ravel()
+
+
+def fit_logistic_scipy(design: np.ndarray, labels: np.ndarray, n_classes: int, c_grid: tuple[float, ...],
+                       max_iter: int = DEFAULT_MAX_ITER,
+                       tol: float = DEFAULT_TOL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fit one task at every C of ``c_grid`` with scipy's L-BFGS-B, each from zero (scikit-learn's lbfgs).
+
+    ``design``: (n, D + 1) float64 with a ones column; ``labels``: (n,) in 0..n_classes-1. Returns the
+    weights (L, D + 1, n_classes), the iterations (L,) and whether each fit met ``tol`` (or scipy's
+    relative-reduction test, 64·eps, as scikit-learn sets it) before ``max_iter`` or a failed line search.
+    """
+    width = design.shape[1]
+    weights = np.zeros((len(c_grid), width, n_classes))
+    iterations = np.zeros(len(c_grid), dtype=np.int64)
+    converged = np.zeros(len(c_grid), dtype=bool)
+    for i, c in enumerate(c_grid):
+        result = minimize(_TaskObjective(design, labels, n_classes, c), np.zeros(width * n_classes), jac=True,
+                          method="L-BFGS-B", options={"maxiter": max_iter, "maxfun": 100 * max_iter + 100,
+                                                      "gtol": tol, "ftol": lbfgs.FTOL, "maxcor": lbfgs.HISTORY,
+                                                      "maxls": SCIPY_MAX_LINE_SEARCH})
+        weights[i] = result.x.reshape(width, n_classes)
+        iterations[i], converged[i] = result.nit, result.status == 0
+    return weights, iterations, converged
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> float:
@@ -237,17 +306,30 @@ def _batch_bytes(width: int, n_candidates: int, n_classes: int) -> tuple[int, in
     return 8 * (width + 4 * outputs), 8 * (2 * lbfgs.HISTORY + 8) * width * outputs
 
 
+def resolve_solver(solver: str, device: str) -> str:
+    """``auto`` → ``scipy`` on the CPU, ``torch`` elsewhere (CUDA)."""
+    if solver not in SOLVERS:
+        raise ValueError(f"probe solver {solver!r}: expected one of {', '.join(SOLVERS)}")
+    return ("scipy" if device == "cpu" else "torch") if solver == "auto" else solver
+
+
 def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTask], *,
               c_grid: tuple[float, ...] = DEFAULT_C_GRID, max_iter: int = DEFAULT_MAX_ITER,
-              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: int = 512) -> list[ProbeResult]:
+              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: int = 512,
+              solver: str = "auto") -> list[ProbeResult]:
     """Fit, select and score every task on one feature matrix ``x`` (cells × D) with labels ``y``.
 
     ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
     stops on its own test (``tol`` or ``max_iter``), so a task's result does not depend on the
-    tasks batched with it; ``ProbeResult.converged`` says whether every C met ``tol``.
-    ``fit_seconds`` of each result is its batch's wall time shared equally among the batch's tasks.
+    tasks fitted beside it; ``ProbeResult.converged`` says whether every C met ``tol``.
+    ``fit_seconds``: the task's own wall time (scipy), or its batch's shared equally (torch).
     """
     y = np.asarray(y, dtype=np.int64)
+    if resolve_solver(solver, device) == "scipy":
+        # One BLAS thread: numpy's and scipy's OpenBLAS each keep a pool that spins after its work; with
+        # two threads each they fight over the cores (measured: 17× slower fits of a (600, 385) design).
+        with threadpool_limits(limits=1, user_api="blas"):
+            return [_fit_task_scipy(x, y, n_classes, task, tuple(c_grid), max_iter, tol) for task in tasks]
     width = x.shape[1] + 1
     results: list[ProbeResult | None] = [None] * len(tasks)
     for group in _batches(tasks, *_batch_bytes(width, len(c_grid), n_classes), batch_memory_mb * 1024**2):
@@ -262,8 +344,7 @@ def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTas
         for b, task in enumerate(batch):
             scalers.append(standardiser(x[task.train]))
             n = len(task.train)
-            design[b, :n, :-1] = standardised(x[task.train], scalers[-1])
-            design[b, :n, -1] = 1.0
+            design[b, :n] = _design(x[task.train], scalers[-1])
             labels[b, :n] = y[task.train]
             weight[b, :n] = 1.0 / n
             mask[b, task.classes] = True
@@ -278,11 +359,33 @@ def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTas
     return results  # type: ignore[return-value]
 
 
+def _design(rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """(n, D + 1) float64: the standardised rows and a ones column (the intercept)."""
+    return np.concatenate([standardised(rows, scaler), np.ones((len(rows), 1))], axis=1)
+
+
+def _fit_task_scipy(x: np.ndarray, y: np.ndarray, n_classes: int, task: ProbeTask, c_grid: tuple[float, ...],
+                    max_iter: int, tol: float) -> ProbeResult:
+    """One task: scipy fits over its own classes, placed in the taxonomy's columns, then selected and scored."""
+    started = time.perf_counter()
+    scaler = standardiser(x[task.train])
+    position = np.full(n_classes, -1, dtype=np.int64)
+    position[task.classes] = np.arange(len(task.classes))
+    if (position[y[task.train]] < 0).any():
+        raise ValueError("a probe task's training rows carry a class the task does not score")
+    own, iterations, converged = fit_logistic_scipy(_design(x[task.train], scaler), position[y[task.train]],
+                                                    len(task.classes), c_grid, max_iter, tol)
+    weights = np.zeros((len(c_grid), x.shape[1] + 1, n_classes))
+    weights[:, :, task.classes] = own
+    chosen, val_f1, scores, pred = _score_task(x, y, task, torch.from_numpy(weights), scaler, c_grid)
+    return ProbeResult(chosen, *scores, val_f1, int(iterations.max()), bool(converged.all()),
+                       time.perf_counter() - started, pred)
+
+
 def _class_probabilities(x: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], weights: torch.Tensor,
                          classes: np.ndarray) -> np.ndarray:
     """(L, n, len(classes)) softmax over the task's classes for every candidate."""
-    rows = standardised(x, scaler)
-    design = torch.from_numpy(np.concatenate([rows, np.ones((len(x), 1))], axis=1))
+    design = torch.from_numpy(_design(x, scaler))
     logits = design.to(weights.device) @ weights[:, :, torch.as_tensor(classes, device=weights.device)]
     return torch.softmax(logits, dim=-1).cpu().numpy()
 
@@ -300,10 +403,12 @@ def _score_task(x: np.ndarray, y: np.ndarray, task: ProbeTask, weights: torch.Te
 
 def run_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, x_test: np.ndarray,
               y_test: np.ndarray, n_classes: int, *, c_grid: tuple[float, ...] = DEFAULT_C_GRID,
-              max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, device: str = "cpu") -> ProbeResult:
+              max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, device: str = "cpu",
+              solver: str = "auto") -> ProbeResult:
     """One probe from separate train/val/test arrays (labels 0..n_classes-1, all classes scored)."""
     x = np.concatenate([x_train, x_val, x_test])
     y = np.concatenate([y_train, y_val, y_test])
     bounds = np.cumsum([0, len(x_train), len(x_val), len(x_test)])
     task = ProbeTask(*(np.arange(bounds[i], bounds[i + 1]) for i in range(3)), classes=np.arange(n_classes))
-    return fit_tasks(x, y, n_classes, [task], c_grid=c_grid, max_iter=max_iter, tol=tol, device=device)[0]
+    return fit_tasks(x, y, n_classes, [task], c_grid=c_grid, max_iter=max_iter, tol=tol, device=device,
+                     solver=solver)[0]
