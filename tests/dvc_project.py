@@ -53,7 +53,7 @@ def make_tiny_project(work: Path, magnifications: tuple[str, ...] = ("10x", "20x
     params["extract"].update(encoders=["filterbank-dense"], magnifications=list(magnifications))
     params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
                            min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
-                           max_iter=20)
+                           max_iter=20, magnifications=None)
     params["robustness"].update(magnifications=["10x"], taxonomies=["coarse"], readouts=["Nuc"], group="tile",
                                 shortcut={"enabled": False})
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
