@@ -1,20 +1,28 @@
-"""Probe throughput: cellpath's batched torch probe against a loop of scikit-learn LogisticRegression.
+"""Probe: agreement with scikit-learn run to convergence, speed against a scikit-learn loop doing the
+same fits, distance from the arithmetic floor on a large task, and MLflow's share of the stage.
 
-Both fit the same planned runs (default params: every protocol, both taxonomies, one encoder's Nuc
-features at one magnification of the default panel), choose C from the same grid by validation
-Macro-F1 and score the same test cells. Reported: runs per second for each, the speed-up, and the
-mean test Macro-F1 of each (the bar: ≥ 20× at a mean Macro-F1 within 0.5 points). Named baseline:
-``LogisticRegression(C=c)`` with scikit-learn's defaults (lbfgs, max_iter=100, tol=1e-4) on the
-training cells standardised as ours are. A converged variant (max_iter=1000) is reported beside it.
+Tasks: every planned run of the default panel (both taxonomies, every protocol, the IS split as the
+stage plans it), one encoder's Nuc features at one magnification, params.yaml's C grid.
 
-Then the probe stage itself runs at one magnification without and with MLflow tracking (into a
-temporary SQLite store); MLflow's cost is the difference as a share of the tracked stage's time
-(the bar: ≤ 10 %), beside the time the stage was blocked on MLflow and the logging thread's work.
-The store is created before the timed run, as it exists in a project after its first run; the
-one-off schema creation of a new SQLite store is reported separately.
+1. Agreement (issue #17, item 2). Ours: ``probe.fit_tasks`` with params.yaml's tol / max_iter, per
+   solver. Reference: ``LogisticRegression(C, tol=1e-8, max_iter=10000)`` on the same standardised
+   training cells. Per (run, C): |Δ test Macro-F1| ≤ 0.1 pp on ≥ 99 % of fits; per run: the same C
+   chosen on validation on ≥ 95 %.
+2. Speed. A: ``fit_tasks`` (solver scipy, the CPU default); B: a scikit-learn loop doing the same
+   fits (same tol and max_iter, same selection and scoring). A and B alternate ``--repeats`` times,
+   each timing fresh fits; reported: the median B/A ratio and its range. Both run in this process
+   with one BLAS thread (threadpoolctl's report is recorded); environment variables that slow
+   numpy's BLAS on some machines here (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) are removed by
+   re-executing without them. The batched torch solver (the CUDA default) is timed beside them.
+3. Floor. One large task (the largest training set of the panel, no cap): wall time of its fits
+   against evaluations × the time of the two matrix products one evaluation needs, measured at that
+   shape on this machine (target ≤ 2×).
+4. MLflow. The probe stage at one magnification (Nuc and Mean), with and without tracking, alternated,
+   each in a fresh work folder (no shard reuse): the difference as a share of the tracked time.
 
-Needs the default pipeline's data up to `extract` (`dvc repro extract` or `make run`).
-Usage: python benchmarks/bench_probe.py [--encoder random-vit-t16] [--magnification 20x] [--skip-converged]
+Needs the default pipeline's data up to ``extract`` (``dvc repro extract concordance``).
+Usage: python benchmarks/bench_probe.py [--encoder random-vit-t16] [--magnification 20x] [--repeats 3]
+       [--skip-torch] [--max-runs N]
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 import warnings
@@ -32,118 +41,229 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+from threadpoolctl import threadpool_info, threadpool_limits
 
+from cellpath import probe
 from cellpath.config import load_params, parse_params
 from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.probe import fit_tasks, macro_f1, standardised, standardiser
-from cellpath.probe_stage import run_probe_stage
-from cellpath.probing import class_codes, plan_runs
+from cellpath.probe import ProbeTask, fit_tasks, macro_f1, standardised, standardiser
+from cellpath.probe_stage import plan_magnification, run_probe_stage
+from cellpath.probing import class_codes
+from cellpath.selection import evaluated_encoders
 from cellpath.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
+SLOW_BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+REFERENCE = {"tol": 1e-8, "max_iter": 10000}
+F1_POINTS, FIT_SHARE, SELECTION_SHARE, SPEEDUP_GOAL, FLOOR_RATIO = 0.1, 0.99, 0.95, 20.0, 2.0
 
 
-def sklearn_loop(x, y, tasks, c_grid, max_iter: int) -> list[float]:
-    """Test Macro-F1 per task from scikit-learn fits, C chosen by validation Macro-F1."""
+def blas() -> list[dict]:
+    """The BLAS / OpenMP libraries loaded in this process (threadpoolctl), with their thread counts."""
+    keys = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
+    return [{k: lib.get(k) for k in keys} for lib in threadpool_info()]
+
+
+def sklearn_fits(x, y, task: ProbeTask, c_grid, tol: float, max_iter: int) -> tuple[list[float], list[float], int]:
+    """scikit-learn per C: test and validation Macro-F1 over the task's classes; fits not converged."""
+    scaler = standardiser(x[task.train])
+    test_f1, val_f1, unconverged = [], [], 0
+    for c in c_grid:
+        # one BLAS thread, as our scipy solver runs: numpy's and scipy's two OpenBLAS pools spin
+        # against each other with two threads each (docs/decisions/0019), which would slow this side only
+        with warnings.catch_warnings(record=True) as caught, threadpool_limits(limits=1, user_api="blas"):
+            warnings.simplefilter("always", ConvergenceWarning)
+            model = LogisticRegression(C=c, tol=tol, max_iter=max_iter).fit(standardised(x[task.train], scaler),
+                                                                               y[task.train])
+        unconverged += any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        val_f1.append(macro_f1(y[task.val], model.predict(standardised(x[task.val], scaler)), task.classes))
+        test_f1.append(macro_f1(y[task.test], model.predict(standardised(x[task.test], scaler)), task.classes))
+    return test_f1, val_f1, unconverged
+
+
+def sklearn_loop(x, y, tasks, c_grid, tol: float, max_iter: int) -> list[float]:
+    """The baseline: per task every C, the best validation Macro-F1 (earliest on ties) scores the test cells."""
     scores = []
     for task in tasks:
-        scaler = standardiser(x[task.train])
-        scale = lambda a: standardised(a, scaler)  # noqa: E731
-        best = None
-        for c in c_grid:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ConvergenceWarning)
-                model = LogisticRegression(C=c, max_iter=max_iter).fit(scale(x[task.train]), y[task.train])
-            val = macro_f1(y[task.val], model.predict(scale(x[task.val])), task.classes)
-            if best is None or val > best[0]:
-                best = (val, model)
-        scores.append(macro_f1(y[task.test], best[1].predict(scale(x[task.test])), task.classes))
+        test_f1, val_f1, _ = sklearn_fits(x, y, task, c_grid, tol, max_iter)
+        scores.append(test_f1[int(np.argmax(val_f1))])
     return scores
+
+
+def our_fits(x, y, n_classes: int, task: ProbeTask, c_grid, tol: float, max_iter: int, solver: str):
+    """Ours per C (each candidate as a grid of one: the same fit as inside the grid): test and val Macro-F1."""
+    test_f1, val_f1, unconverged = [], [], 0
+    for c in c_grid:
+        result = fit_tasks(x, y, n_classes, [task], c_grid=(c,), tol=tol, max_iter=max_iter, solver=solver)[0]
+        test_f1.append(result.macro_f1)
+        val_f1.append(result.val_macro_f1)
+        unconverged += not result.converged
+    return test_f1, val_f1, unconverged
+
+
+def agreement(x, taxonomies, c_grid, tol, max_iter, solvers) -> dict:
+    out = {}
+    for solver in solvers:
+        fits = within = same_c = runs = ours_unconverged = ref_unconverged = 0
+        worst = 0.0
+        for y, n_classes, tasks in taxonomies.values():
+            for task in tasks:
+                ours_test, ours_val, bad = our_fits(x, y, n_classes, task, c_grid, tol, max_iter, solver)
+                ref_test, ref_val, ref_bad = sklearn_fits(x, y, task, c_grid, **REFERENCE)
+                ours_unconverged, ref_unconverged = ours_unconverged + bad, ref_unconverged + ref_bad
+                diffs = 100 * np.abs(np.array(ours_test) - np.array(ref_test))
+                fits, within = fits + len(diffs), within + int((diffs <= F1_POINTS).sum())
+                worst = max(worst, float(diffs.max()))
+                runs, same_c = runs + 1, same_c + int(np.argmax(ours_val) == np.argmax(ref_val))
+        out[solver] = {"runs": runs, "fits": fits, "fit_share_within_0.1pp": round(within / fits, 4),
+                       "selection_share_equal": round(same_c / runs, 4), "max_abs_difference_points": round(worst, 3),
+                       "fits_not_converged": ours_unconverged, "reference_fits_not_converged": ref_unconverged,
+                       "meets_criteria": within / fits >= FIT_SHARE and same_c / runs >= SELECTION_SHARE}
+    return out
+
+
+def speed(x, taxonomies, c_grid, tol, max_iter, repeats: int, with_torch: bool) -> dict:
+    seconds = {"ours_scipy": [], "sklearn_loop": []} | ({"ours_torch": []} if with_torch else {})
+    for _ in range(repeats):  # alternate A / B (/ torch): machine drift hits every side alike
+        for side in seconds:
+            started = time.perf_counter()
+            for y, n_classes, tasks in taxonomies.values():
+                if side == "sklearn_loop":
+                    sklearn_loop(x, y, tasks, c_grid, tol, max_iter)
+                else:
+                    fit_tasks(x, y, n_classes, tasks, c_grid=c_grid, tol=tol, max_iter=max_iter,
+                              solver=side.removeprefix("ours_"))
+            seconds[side].append(round(time.perf_counter() - started, 2))
+    ratio = [b / a for a, b in zip(seconds["ours_scipy"], seconds["sklearn_loop"])]
+    out = {"seconds": seconds, "speedup_vs_sklearn_loop": {"median": round(float(np.median(ratio)), 3),
+                                                           "min": round(min(ratio), 3), "max": round(max(ratio), 3)},
+           "goal": SPEEDUP_GOAL}
+    if with_torch:
+        torch_ratio = [b / a for a, b in zip(seconds["ours_torch"], seconds["sklearn_loop"])]
+        out["torch_solver_speedup_vs_sklearn_loop"] = {"median": round(float(np.median(torch_ratio)), 3),
+                                                       "min": round(min(torch_ratio), 3),
+                                                       "max": round(max(torch_ratio), 3)}
+    out["meets_goal"] = out["speedup_vs_sklearn_loop"]["median"] >= SPEEDUP_GOAL
+    return out
+
+
+def floor(x, y, n_classes: int, task: ProbeTask, c_grid, tol, max_iter) -> dict:
+    """Our large-task wall time against evaluations × (X·W + Xᵀ·R) at this shape on this machine."""
+    calls = []
+    original = probe._TaskObjective.__call__
+
+    def counted(self, flat):
+        calls.append(self.design.shape + (self.n_classes,))
+        return original(self, flat)
+
+    probe._TaskObjective.__call__ = counted
+    try:
+        started = time.perf_counter()
+        result = fit_tasks(x, y, n_classes, [task], c_grid=c_grid, tol=tol, max_iter=max_iter, solver="scipy")[0]
+        wall = time.perf_counter() - started
+    finally:
+        probe._TaskObjective.__call__ = original
+    n, width, k = calls[0]
+    rng = np.random.default_rng(0)
+    design, weights, residual = rng.normal(size=(n, width)), rng.normal(size=(width, k)), rng.normal(size=(n, k))
+    times = []
+    with threadpool_limits(limits=1, user_api="blas"):  # as the fits ran
+        for _ in range(7):
+            started = time.perf_counter()
+            for _ in range(20):
+                design @ weights
+                design.T @ residual
+            times.append((time.perf_counter() - started) / 20)
+    per_evaluation = float(np.median(times))
+    return {"training_cells": n, "width": width, "classes": k, "evaluations": len(calls),
+            "wall_seconds": round(wall, 3), "matmul_seconds_per_evaluation": per_evaluation,
+            "gflops": round(4 * n * width * k / per_evaluation / 1e9, 2),
+            "floor_seconds": round(len(calls) * per_evaluation, 3),
+            "wall_over_floor": round(wall / (len(calls) * per_evaluation), 3), "target": FLOOR_RATIO,
+            "converged": result.converged, "iterations": result.iterations}
+
+
+def mlflow_share(params, magnification: str, repeats: int) -> dict:
+    """The probe stage (Nuc, Mean) with and without MLflow, alternated, in fresh work folders."""
+    seconds = {"without_mlflow": [], "with_mlflow": []}
+    for _ in range(repeats):
+        for side in seconds:
+            with tempfile.TemporaryDirectory() as tmp:
+                data = Path(tmp) / "data"
+                data.mkdir()
+                for entry in (ROOT / "data").iterdir():  # the inputs, but an empty work folder
+                    if entry.name != "work":
+                        (data / entry.name).symlink_to(entry)
+                config = params.model_dump(mode="json")
+                config["probe"] |= {"magnifications": [magnification], "readouts": ["Nuc", "Mean"]}
+                config["mlflow"] = {"enabled": side == "with_mlflow", "tracking_uri": f"sqlite:///{tmp}/mlflow.db",
+                                    "artifact_location": f"{tmp}/art", "experiment": "bench"}
+                config = parse_params(config)
+                if side == "with_mlflow":  # a project's store exists after its first run
+                    Tracker(config.mlflow, "setup", Path(tmp)).finish({}, {})
+                started = time.perf_counter()
+                run_probe_stage(config, data, Path(tmp) / "reports", root=Path(tmp))
+                seconds[side].append(round(time.perf_counter() - started, 2))
+    share = [(w - wo) / w for w, wo in zip(seconds["with_mlflow"], seconds["without_mlflow"])]
+    return {"seconds": seconds, "mlflow_share": {"median": round(float(np.median(share)), 4),
+                                                 "min": round(min(share), 4), "max": round(max(share), 4)},
+            "target": 0.10}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--encoder", default="random-vit-t16")
     parser.add_argument("--magnification", default="20x")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-torch", action="store_true", help="do not run the batched torch solver")
+    parser.add_argument("--max-runs", type=int, default=None, help="first N runs per taxonomy only (a smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "probe.json"))
-    parser.add_argument("--skip-converged", action="store_true", help="skip the max_iter=1000 scikit-learn loop")
     args = parser.parse_args()
+    removed = {name: os.environ[name] for name in SLOW_BLAS_VARIABLES if name in os.environ}
+    if removed:  # the same fast BLAS for every side: restart without the variables that slow numpy's
+        env = {k: v for k, v in os.environ.items() if k not in SLOW_BLAS_VARIABLES}
+        env["CELLPATH_BENCH_REMOVED_BLAS_VARIABLES"] = json.dumps(removed)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     os.chdir(ROOT)
     params = load_params("params.yaml")
     cfg = params.probe
+    c_grid, tol, max_iter = tuple(cfg.c_grid), cfg.tol, cfg.max_iter
+    spec = next(s for s in evaluated_encoders(params) if args.encoder in (s.name, s.slug))
     panel = load_panel_cells(Path("data"), params.panel)
-    base = load_base_readouts(Path("data/features"), args.encoder, args.magnification, panel)
-    x = readout_matrix(base, "Nuc")
-    ours_time = ours_runs = 0.0
-    rows = []
-    for taxonomy in cfg.taxonomies:
+    x = readout_matrix(load_base_readouts(Path("data/features"), spec.slug, args.magnification, panel), "Nuc")
+    plans = plan_magnification(params, Path("data"), panel, [spec], args.magnification)
+    taxonomies = {}
+    for taxonomy, runs in plans.items():
         y, names = class_codes(panel.cells[taxonomy])
-        tasks = [r.task for p in params.protocols for r in plan_runs(panel.cells, p, taxonomy, cfg) if r.task]
-        fit_tasks(x, y, len(names), tasks[:1], c_grid=tuple(cfg.c_grid), max_iter=2)  # warm-up (imports)
-        started = time.perf_counter()
-        ours = fit_tasks(x, y, len(names), tasks, c_grid=tuple(cfg.c_grid), max_iter=cfg.max_iter,
-                         batch_memory_mb=cfg.batch_memory_mb)
-        ours_time += time.perf_counter() - started
-        ours_runs += len(tasks)
-        timings = {}
-        f1 = {"ours": [r.macro_f1 for r in ours]}
-        variants = (("sklearn_default", 100),) + (() if args.skip_converged else (("sklearn_converged", 1000),))
-        for label, iterations in variants:
-            started = time.perf_counter()
-            f1[label] = sklearn_loop(x, y, tasks, cfg.c_grid, iterations)
-            timings[label] = time.perf_counter() - started
-        rows.append({"taxonomy": taxonomy, "runs": len(tasks), "f1": f1, "sklearn_seconds": timings})
-        print(f"{taxonomy}: {len(tasks)} runs; ours {ours_time:.1f} s so far; sklearn {timings}")
-    total_runs = sum(r["runs"] for r in rows)
-    f1_all = {k: float(np.mean([v for r in rows for v in r["f1"][k]])) for k in rows[0]["f1"]}
-    seconds = {"ours": ours_time} | {k: sum(r["sklearn_seconds"][k] for r in rows) for k in rows[0]["sklearn_seconds"]}
-    per_run_abs = float(np.mean([abs(a - b) for r in rows for a, b in zip(r["f1"]["ours"], r["f1"]["sklearn_default"])]))
+        taxonomies[taxonomy] = (y, len(names), [run.task for run in runs if run.task is not None][:args.max_runs])
+    solvers = ("scipy",) if args.skip_torch else ("scipy", "torch")
 
-    stage = {}
-    for tracking in (False, True):  # the stage without and with MLflow: the difference is its cost
-        with tempfile.TemporaryDirectory() as tmp:
-            stage_params = params.model_dump(mode="json")
-            stage_params["probe"]["magnifications"] = [args.magnification]
-            stage_params["mlflow"] = {"enabled": tracking, "tracking_uri": f"sqlite:///{tmp}/mlflow.db",
-                                      "artifact_location": f"{tmp}/art", "experiment": "bench"}
-            stage_params = parse_params(stage_params)
-            if tracking:  # a project's store exists after its first run: create it (schema, experiment) first
-                started = time.perf_counter()
-                Tracker(stage_params.mlflow, "setup", Path(tmp)).finish({}, {})
-                stage["new_store_setup_seconds"] = round(time.perf_counter() - started, 2)
-            run_probe_stage(stage_params, Path("data"), Path(tmp) / "reports", root=Path(tmp))
-            stage["with_mlflow" if tracking else "without_mlflow"] = json.loads(
-                (Path(tmp) / "reports" / "probe" / "timing.json").read_text())
-    with_s, without_s = stage["with_mlflow"]["stage_seconds"], stage["without_mlflow"]["stage_seconds"]
-    stage["mlflow_cost_fraction"] = round((with_s - without_s) / with_s, 4)
+    result = {"benchmark": "probe",
+              "data": f"default panel {params.panel}, {len(panel.cells)} cells; {spec.name} {args.magnification} Nuc; "
+                      f"protocols {','.join(params.protocols)}; runs per taxonomy "
+                      f"{ {t: len(v[2]) for t, v in taxonomies.items()} }",
+              "probe": {"c_grid": list(c_grid), "tol": tol, "max_iter": max_iter}, "reference": REFERENCE}
+    result["agreement"] = agreement(x, taxonomies, c_grid, tol, max_iter, solvers)
+    print(json.dumps(result["agreement"], indent=2), flush=True)
+    result["speed"] = speed(x, taxonomies, c_grid, tol, max_iter, args.repeats, not args.skip_torch)
+    print(json.dumps(result["speed"], indent=2), flush=True)
 
-    result = {
-        "benchmark": "probe",
-        "data": f"default panel {params.panel}, {len(panel.cells)} cells; {args.encoder} {args.magnification} Nuc; "
-                f"protocols {','.join(params.protocols)}; taxonomies {','.join(cfg.taxonomies)}",
-        "runs": total_runs,
-        "ours": {"max_iter": cfg.max_iter, "seconds": round(seconds["ours"], 2),
-                 "runs_per_s": round(total_runs / seconds["ours"], 2), "mean_macro_f1": round(f1_all["ours"], 4)},
-        "baseline_sklearn_default": {"max_iter": 100, "seconds": round(seconds["sklearn_default"], 2),
-                                     "runs_per_s": round(total_runs / seconds["sklearn_default"], 2),
-                                     "mean_macro_f1": round(f1_all["sklearn_default"], 4)},
-        "sklearn_converged": None if args.skip_converged else {
-            "max_iter": 1000, "seconds": round(seconds["sklearn_converged"], 2),
-            "runs_per_s": round(total_runs / seconds["sklearn_converged"], 2),
-            "mean_macro_f1": round(f1_all["sklearn_converged"], 4)},
-        "speedup_vs_sklearn_default": round(seconds["sklearn_default"] / seconds["ours"], 2),
-        "speedup_vs_sklearn_converged": None if args.skip_converged else round(
-            seconds["sklearn_converged"] / seconds["ours"], 2),
-        "mean_macro_f1_difference_points": round(100 * (f1_all["ours"] - f1_all["sklearn_default"]), 3),
-        "mean_abs_per_run_difference_points": round(100 * per_run_abs, 3),
-        "target": {"speedup": 20.0, "max_mean_f1_difference_points": 0.5},
-        "stage_at_one_magnification": stage,
-        "machine": {"cpus": os.cpu_count(), "load_average_at_end": list(os.getloadavg()), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__},
-    }
-    result["meets_target"] = bool(result["speedup_vs_sklearn_default"] >= 20.0
-                                  and abs(result["mean_macro_f1_difference_points"]) <= 0.5
-                                  and stage["mlflow_cost_fraction"] <= 0.10)
+    cells = panel.cells
+    y, names = class_codes(cells["fine"])
+    uncapped = params.model_dump(mode="json")
+    uncapped["probe"]["max_train_cells"] = None
+    largest = max((run.task for run in plan_magnification(parse_params(uncapped), Path("data"), panel, [spec],
+                                                          args.magnification)["fine"] if run.task is not None),
+                  key=lambda task: len(task.train))
+    result["floor"] = floor(x, y, len(names), largest, c_grid, tol, max_iter)
+    print(json.dumps(result["floor"], indent=2), flush=True)
+    result["mlflow"] = mlflow_share(params, args.magnification, args.repeats)
+    result["blas"] = {"numpy_scipy_sklearn": blas(), "torch": torch.__config__.parallel_info().splitlines()[:6],
+                      "removed_environment_variables": json.loads(
+                          os.environ.get("CELLPATH_BENCH_REMOVED_BLAS_VARIABLES", "{}"))}
+    result["machine"] = {"cpus": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
+                         "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+                         "torch": torch.__version__}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
