@@ -121,3 +121,13 @@ def test_stage_magnifications_must_be_extracted():
     data["robustness"]["magnifications"] = ["40x"]
     with pytest.raises(ConfigError, match=r"robustness.magnifications: 40x not in extract.magnifications \(20x\)"):
         parse_params(data)
+
+
+def test_shortcut_levels_are_chosen_one_way():
+    data = _base() | {"robustness": {"shortcut": {"train_levels": ["a", "b"], "held_out": 2}}}
+    with pytest.raises(ConfigError, match=r"key `robustness\.shortcut`: set either train_levels .* or held_out"):
+        parse_params(data)
+    data = _base() | {"robustness": {"shortcut": {"train_levels": ["a", "b", "a"]}}}
+    with pytest.raises(ConfigError, match=r"train_levels repeats a level"):
+        parse_params(data)
+    assert parse_params(_base() | {"robustness": {"shortcut": {"train_levels": ["a", "b"]}}}) is not None

@@ -73,8 +73,8 @@ def _params(base, executor: dict | None = None, **probe):
                      "min_train_cells": {"fine": 10, "coarse": 10}, "min_test_cells": {"fine": 5, "coarse": 5},
                      "readouts": ["Nuc", "Mean"], "max_iter": 10, "torch_threads": 1} | probe
     data["robustness"] = {"taxonomies": ["coarse"], "readouts": ["Nuc", "Mean"], "scopes": ["panel"], "group": "tile",
-                          "tile_um": 40.0, "shortcut": {"confounder": "section_id", "held_out": 0, "pool_size": 90,
-                                                        "n_runs": 1}}
+                          "tile_um": 40.0, "shortcut": {"confounder": "section_id", "pool_size": 90, "n_runs": 1,
+                                                        "train_levels": ["breast_a", "tonsil_a", "breast_b"]}}
     data["mlflow"] = {"enabled": False}
     data["executor"] = executor or {}
     return parse_params(data)

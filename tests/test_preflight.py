@@ -84,10 +84,20 @@ def test_too_few_sections_for_panels_folds_and_shortcut_levels(project):
     assert problems == [
         "concordance.panel_sizes: panel(s) S4 need more sections than the 3 this run has",
         "probe.mocv_folds: 4 folds need at least as many sections; panel S3 has 3",
-        "robustness.shortcut.held_out: 2 organ level(s) in this run leave fewer than two to train on with "
-        "held_out=1; lower held_out or add sections",
+        "robustness.shortcut.held_out: organ: 2 level(s) leave 1 to train on (held_out=1); the sweep needs two: "
+        "lower held_out or list train_levels",
     ]
     assert check_params(_tiny(protocol="is", probe={"mocv_folds": 4}), project, Path("data")) == []  # no MOCV run
+
+
+def test_shortcut_train_levels_must_be_sections_of_the_run(project):
+    levels = [s["section_id"] for s in TINY_SECTIONS]
+    named = _tiny(robustness={"shortcut": {"confounder": "section_id", "train_levels": [levels[1], "nowhere"]}})
+    assert _messages(check_params(named, project, Path("data"))) == [
+        f"robustness.shortcut.train_levels: section_id: train_levels ['nowhere'] are not among this run's levels: "
+        f"{', '.join(sorted(levels))}"]
+    good = _tiny(robustness={"shortcut": {"confounder": "section_id", "train_levels": levels[:2]}})
+    assert check_params(good, project, Path("data")) == []
 
 
 def test_simulated_references_have_one_label_column_and_one_name_per_organ(project):

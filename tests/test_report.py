@@ -83,6 +83,14 @@ def _robustness_outputs(folder: Path) -> None:
 
     metric_agreement(pd.read_csv(folder / "summary.csv"), pd.read_csv(folder / "shortcut_summary.csv")
                      ).to_csv(folder / "agreement.csv", index=False)
+    from cellpath.robustness.sensitivity import sensitivity_agreement
+
+    # m sweep: at m = 1 the models' order reverses (ρ = -1 against m = 5), m = 20 keeps it (ρ = 1).
+    sweep = pd.DataFrame([{"model": model, **condition, "parameter": "m", "value": float(m),
+                           "croma_median": med * (-1 if m == 1 else 1), "ltm": ltm}
+                          for model, (med, ltm) in medians.items() for m in (1, 5, 20)])
+    sensitivity_agreement(sweep, list(condition), headline_m=5).to_csv(folder / "sensitivity_agreement.csv",
+                                                                       index=False)
 
 
 def _data_outputs(data: Path) -> None:
@@ -219,6 +227,9 @@ def test_every_section_and_output_is_present(page):
     robustness = pd.read_csv(reports / "tables" / "robustness.csv").set_index("model")
     assert robustness["pareto"].to_dict() == {"random-vit-t16": True, "filterbank-dense": True,
                                               "random-vit-s16": False}
+    sensitivity = pd.read_csv(reports / "tables" / "sensitivity.csv").set_index("comparison")
+    assert sensitivity["ρ"].to_dict() == {"m 5 vs 1": -1.0, "m 5 vs 20": 1.0, "m 1 vs 20": -1.0}
+    assert sensitivity.loc["m 5 vs 1", "< 0 at x / y"] == "0 / 3" and "Sensitivity to m and α" in html
 
 
 def test_missing_input_names_the_file_and_the_stage(constructed, tmp_path):

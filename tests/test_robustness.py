@@ -32,6 +32,9 @@ from cellpath.robustness import (
     shared_k,
     shortcut_sweep,
 )
+from cellpath.robustness.sensitivity import margin_sweep, sensitivity_agreement, tail_sweep
+from cellpath.robustness.metrics import balanced_accuracy
+from cellpath.robustness.shortcut import _test_groups, cell_balanced_accuracy, split_levels
 
 TOL = 1e-5
 
@@ -349,6 +352,100 @@ def test_shortcut_sweep_rejects_a_pool_larger_than_the_cells(probe_data):
         shortcut_sweep(robust, bio, conf, groups, pool_size=1200, train_confounders=[0, 1], n_runs=1)
     with pytest.raises(ValueError, match="cannot realise distinct"):
         shortcut_sweep(robust, bio, conf, groups, pool_size=8, train_confounders=[0, 1], n_runs=1)
+
+
+def test_shortcut_levels_align_in_the_order_given_with_the_sorted_classes():
+    # Section "b" has 170 cells of class "x" and 30 of "y", section "a" the reverse. At V = 1 each trained section holds
+    # only its aligned class, 40 rows of it, more than a 30-cell class has: only b -> x (the first class, sorted),
+    # a -> y is feasible.
+    rng = np.random.default_rng(3)
+    bio = np.array(["y"] * 170 + ["x"] * 30 + ["x"] * 170 + ["y"] * 30)  # "y" appears first: order is by name
+    conf = np.array(["a"] * 200 + ["b"] * 200)
+    x = rng.standard_normal((400, 4))
+    groups = np.arange(400)
+    sweep = shortcut_sweep(x, bio, conf, groups, pool_size=80, train_confounders=["b", "a"], n_runs=1,
+                           c_grid=(1.0,))
+    np.testing.assert_array_equal(sweep.tables[-1], [[40, 0], [0, 40]])
+    with pytest.raises(ValueError, match="confounder 'a' x biology 'x' needs 40 training-pool rows but has 30 cells in all"):
+        shortcut_sweep(x, bio, conf, groups, pool_size=80, train_confounders=["a", "b"], n_runs=1, c_grid=(1.0,))
+
+
+def test_cell_balanced_accuracy_weights_every_cell_equally():
+    # Two confounders x two classes (cells 0..3 = confounder * 2 + class). Class 0: cell 0 has 3 of 4 right, cell 2
+    # 1 of 1 -> (0.75 + 1) / 2; class 1: cell 1 0 of 2, cell 3 2 of 2 -> 0.5. Mean 0.6875; plain balanced accuracy
+    # would pool cell 0's four rows with cell 2's one: class 0 recall 4/5 -> 0.65.
+    y_true = np.array([0, 0, 0, 0, 1, 1, 0, 1, 1])
+    y_pred = np.array([0, 0, 0, 1, 0, 0, 0, 1, 1])
+    cells = np.array([0, 0, 0, 0, 1, 1, 2, 3, 3])
+    assert cell_balanced_accuracy(y_true, y_pred, cells, 2) == pytest.approx(0.6875, abs=1e-15)
+    assert balanced_accuracy(y_true, y_pred) == pytest.approx(0.65, abs=1e-15)
+
+
+def test_test_groups_leave_every_cell_its_pool_and_a_test_row():
+    # Cell 1 lives in two groups only (5 rows each) and the pool needs 5 of it: the draw may take one, never both.
+    cells = np.array([0] * 40 + [1] * 10 + [0] * 10)
+    groups = np.array(list(np.repeat(np.arange(8), 5)) + [8] * 5 + [9] * 5 + list(np.repeat([10, 11], 5)))
+    need = np.array([20, 5])
+    for seed in range(30):
+        chosen = _test_groups(cells, groups, need, np.random.default_rng(seed), test_fraction=0.5)
+        in_test = np.isin(groups, chosen)
+        assert np.bincount(cells[~in_test], minlength=2).tolist() >= [20, 5] and (cells[~in_test] == 1).sum() >= 5
+        assert set(cells[in_test]) == {0, 1}  # both cells have test rows
+        assert len(chosen) in (6, 7)  # half of the 12 groups, plus one when cell 1 had none
+
+
+def test_split_levels():
+    assert split_levels(["c", "a", "b"], None, 1) == (["a", "b"], ["c"])
+    assert split_levels(["c", "a", "b"], ["c", "a"], 1) == (["c", "a"], ["b"])  # held_out unused, order kept
+    assert split_levels(["c", "a", "b"], None, 0) == (["a", "b", "c"], [])
+    with pytest.raises(ValueError, match=r"train_levels \['z'\] are not among this run's levels: a, b, c"):
+        split_levels(["c", "a", "b"], ["a", "z"], 1)
+    with pytest.raises(ValueError, match="3 level\\(s\\) leave 1 to train on \\(held_out=2\\)"):
+        split_levels(["c", "a", "b"], None, 2)
+
+
+# ---------------------------------------------------------------- sensitivity to m and alpha (Tables S1, S2)
+
+def test_margin_sweep_matches_croma_at_every_m(seeded):
+    x, bio, conf, group, manifest = seeded
+    sweep = margin_sweep(x, bio, conf, group, [1, 3, 5, 8]).set_index("value")
+    for m in (1, 3, 5, 8):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            reference = croma.CRoMa.compute(x.astype(np.float64), manifest, confounder_column="section", m=m)
+        assert abs(sweep.loc[m, "croma_median"] - reference.value) < TOL
+        assert abs(sweep.loc[m, "f0"] - reference.f0) < TOL and abs(sweep.loc[m, "ltm"] - reference.ltm_alpha) < TOL
+
+
+def test_tail_sweep_on_the_toy_margins():
+    # The eight toy margins sorted: (S-1)/(S+1) ≈ -0.764, then (1/2-T)/(1/2+T) = (S-1/2)/(S+1/2) ≈ -0.577 (twice),
+    # -1/3 (twice), 1/2, (1/2-S)/(1/2+S) ≈ 0.577, (1-S)/(1+S) ≈ 0.764. np.percentile (linear) puts alpha 0.10 at
+    # position 0.7 (tail: the minimum), 0.30 at 2.1 (q ≈ -0.553: the three smallest), 0.60 at 4.2 (q ≈ -0.167: five).
+    ordered = np.sort(TOY_MARGINS)
+    table = tail_sweep(np.append(TOY_MARGINS, np.nan), [0.1, 0.3, 0.6]).set_index("value")
+    assert table.loc[0.1, "ltm"] == pytest.approx((S - 1) / (S + 1), abs=1e-12)
+    assert table.loc[0.3, "ltm"] == pytest.approx(((S - 1) / (S + 1) + 2 * (S - 0.5) / (S + 0.5)) / 3, abs=1e-12)
+    assert table.loc[0.6, "ltm"] == pytest.approx(ordered[:5].mean(), abs=1e-12)
+    assert (table["n_undefined"] == 1).all() and np.allclose(table["croma_median"], -1 / 3)
+
+
+def test_sensitivity_agreement_golden_spearman():
+    # Four models. m: at m = 5 the order is a > b > c > d; at m = 1 b > a > c > d (one swap: rho = 1 - 6*2/60 = 0.8);
+    # at m = 20 d > c > b > a (reversed: -1). Medians below 0: 1 model at m = 1, 2 at m = 5 and 20, 3 at m = 10.
+    medians = {1: [0.3, 0.4, 0.1, -0.2], 5: [0.4, 0.3, -0.1, -0.2], 10: [0.2, -0.1, -0.2, -0.3], 20: [-0.4, -0.3, 0.1, 0.2]}
+    # alpha: LTM ranks at 0.05 and 0.10 equal (rho 1), at 0.20 the first two swap (rho 0.8 with both).
+    ltm = {0.05: [-0.5, -0.6, -0.7, -0.8], 0.1: [-0.4, -0.5, -0.6, -0.7], 0.2: [-0.35, -0.3, -0.5, -0.6]}
+    rows = [{"model": f"m{i}", "readout": "Nuc", "parameter": "m", "value": float(m), "croma_median": v, "ltm": np.nan}
+            for m, values in medians.items() for i, v in enumerate(values)]
+    rows += [{"model": f"m{i}", "readout": "Nuc", "parameter": "alpha", "value": a, "croma_median": 0.0, "ltm": v}
+             for a, values in ltm.items() for i, v in enumerate(values)]
+    table = sensitivity_agreement(pd.DataFrame(rows), ["readout"], headline_m=5)
+    got = {(r.parameter, r.x, r.y): (round(r.rho, 12), r.n_negative_x, r.n_negative_y) for r in table.itertuples()}
+    assert got == {("alpha", 0.05, 0.1): (1.0, 4, 4), ("alpha", 0.05, 0.2): (0.8, 4, 4), ("alpha", 0.1, 0.2): (0.8, 4, 4),
+                   ("m", 5.0, 1.0): (0.8, 2, 1), ("m", 5.0, 20.0): (-1.0, 2, 2), ("m", 1.0, 20.0): (-0.8, 1, 2)}
+    m_rows = table[table["parameter"] == "m"]
+    assert (m_rows["n_negative_min"] == 1).all() and (m_rows["n_negative_max"] == 3).all()
+    assert set(table["statistic"]) == {"ltm", "croma_median"} and (table["n_models"] == 4).all()
 
 
 # ---------------------------------------------------------------- bad input

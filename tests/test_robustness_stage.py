@@ -19,8 +19,10 @@ def _params(base, tmp_path, **robustness):
     # for the shortcut probe's in-domain test groups.
     data["robustness"] = {"taxonomies": ["coarse"], "readouts": ["Nuc", "Mean"], "scopes": ["panel", "organ"],
                           "group": "tile", "tile_um": 40.0,
-                          "shortcut": {"confounder": "section_id", "held_out": 0, "pool_size": 90, "n_runs": 2,
-                                       "taxonomy": "coarse"}} | robustness
+                          "shortcut": {"confounder": "section_id", "pool_size": 90, "n_runs": 2, "taxonomy": "coarse",
+                                       # aligned with Epithelial/Tumor, Immune/Inflammatory, Stromal/Structural
+                                       "train_levels": ["breast_a", "tonsil_a", "breast_b"]},
+                          "sensitivity": {"alphas": [0.05, 0.1, 0.2], "m_max": 6}} | robustness
     data["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "art"),
                       "experiment": "rob"}
     return parse_params(data)
@@ -46,6 +48,28 @@ def test_summary_rows_per_condition_and_unit(stage):
     assert (summary["k"] >= 1).all()
     on_disk = pd.read_csv(stage["reports"] / "robustness" / "summary.csv")
     assert len(on_disk) == len(summary)
+
+
+def test_sensitivity_sweeps_reproduce_the_headline_at_its_m_and_alpha(stage):
+    reports = stage["reports"] / "robustness"
+    sweep = pd.read_csv(reports / "sensitivity.csv", keep_default_na=False, na_values=[""])
+    summary = stage["summary"].set_index(["readout", "scope", "unit"])
+    assert len(sweep) == len(summary) * (3 + 6)  # three alphas and m = 1..6 per scored condition
+    for (readout, scope, unit, parameter), part in sweep.groupby(["readout", "scope", "unit", "parameter"]):
+        row = summary.loc[(readout, scope, unit)]
+        at = part.set_index("value")
+        if parameter == "alpha":
+            assert at.loc[0.1, "ltm"] == pytest.approx(row["ltm"], abs=1e-12)
+            assert at.loc[0.05, "ltm"] <= at.loc[0.1, "ltm"] <= at.loc[0.2, "ltm"]
+        else:
+            assert sorted(at.index) == [1, 2, 3, 4, 5, 6]
+            assert at.loc[5, "croma_median"] == pytest.approx(row["croma_median"], abs=1e-12)
+            assert at.loc[5, "n_undefined"] == row["n_undefined"]
+    agreement = pd.read_csv(reports / "sensitivity_agreement.csv")
+    alpha_pairs = agreement[agreement["parameter"] == "alpha"][["x", "y"]].drop_duplicates().values.tolist()
+    m_pairs = agreement[agreement["parameter"] == "m"][["x", "y"]].drop_duplicates().values.tolist()
+    assert alpha_pairs == [[0.05, 0.1], [0.05, 0.2], [0.1, 0.2]] and m_pairs == [[5, 1], [5, 6], [1, 6]]
+    assert (agreement["n_models"] == 1).all() and agreement["rho"].isna().all()  # one model: no ranking
 
 
 def test_margins_cover_every_cell_and_undefined_ones_are_counted(stage, tiny_features):
@@ -144,24 +168,23 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
 
     from cellpath.config import RobustnessConfig
     from cellpath.robustness import score_embeddings, shared_k
-    from cellpath.robustness_stage import _score_models
+    from cellpath.robustness_stage import _score_models, _UnitData
 
     rng = np.random.default_rng(0)
     n = 240
     biology = np.repeat([0, 1, 2], n // 3)
     confounder = np.tile([0, 1], n // 2)
     groups = np.arange(n)
-    cells = pd.DataFrame({"coarse": biology, "section_id": confounder})
-    specs, bases = [], {}
+    specs, features = [], {}
     for i, noise in enumerate((0.3, 1.0, 2.5)):  # cleaner features → a smaller best k
         x = np.eye(3)[biology] * 2.0 + rng.normal(0, noise, (n, 3))
         x = np.concatenate([x, rng.normal(0, 1, (n, 5))], axis=1).astype(np.float32)
         specs.append(SimpleNamespace(slug=f"model-{i}"))
-        bases[f"model-{i}"] = {"Nuc": x, "Mean": x}
-    own = [score_embeddings(bases[s.slug]["Nuc"], biology, confounder, groups).k for s in specs]
+        features[f"model-{i}"] = x
+    own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    scored = _score_models(specs, bases, {s.slug: groups for s in specs}, np.arange(n), cells,
-                           {"taxonomy": "coarse", "readout": "Nuc"}, RobustnessConfig(confounder="section_id"))
+    unit = _UnitData(features, biology, confounder, {s.slug: groups for s in specs})
+    scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
     assert [result.k for _, result, _ in scored] == [k, k, k]
     assert [own_k for _, _, own_k in scored] == own

@@ -191,10 +191,35 @@ class ShortcutConfig(_Strict):
     enabled: bool = True
     readout: ReadoutName = "Nuc"
     taxonomy: TaxonomyName = "coarse"
-    confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch, as CRoMa's; held-out levels
-    held_out: Annotated[int, Field(ge=0)] = 1               # confounder levels never trained on
+    confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch, as CRoMa's
+    # The confounder levels the probe trains on, in order: level i is aligned with the i-th class (sorted) as V -> 1.
+    # None: every level but the last `held_out` (sorted). Levels not trained on are the held-out setting.
+    train_levels: Annotated[list[str], Field(min_length=2)] | None = None
+    held_out: Annotated[int, Field(ge=0)] | None = None     # with train_levels None: levels never trained on (None: 1)
     pool_size: Annotated[int, Field(ge=4)] = 600            # training + validation cells at every V
     n_runs: Annotated[int, Field(ge=1, le=100)] = 20        # resampling runs (the paper's 20)
+
+    @property
+    def held_out_levels(self) -> int:
+        """How many sorted levels are held out when ``train_levels`` is None."""
+        return 1 if self.held_out is None else self.held_out
+
+    @model_validator(mode="after")
+    def _one_way_to_choose_levels(self) -> "ShortcutConfig":
+        if self.train_levels is not None and self.held_out is not None:
+            raise ValueError("set either train_levels (the levels trained on) or held_out (how many sorted levels are "
+                             "not), not both")
+        if self.train_levels is not None and len(set(self.train_levels)) != len(self.train_levels):
+            raise ValueError(f"train_levels repeats a level: {self.train_levels}")
+        return self
+
+
+class SensitivityConfig(_Strict):
+    """Optional sweeps of CRoMa's m and LTM's alpha (the CRoMa paper's Tables S1, S2): how much the model ranking
+    depends on them. Off by default."""
+
+    alphas: list[Annotated[float, Field(gt=0.0, le=1.0)]] = []  # LTM tail fractions; the paper: 0.05, 0.10, 0.20
+    m_max: Annotated[int, Field(ge=2, le=100)] | None = None    # every integer m in [1, m_max]; the paper: 20
 
 
 class RobustnessConfig(_Strict):
@@ -212,6 +237,7 @@ class RobustnessConfig(_Strict):
     k: Annotated[int, Field(ge=1)] | None = None     # None: the paper's k selection (lower median of per-model k*)
     low_margin_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10
     shortcut: ShortcutConfig = ShortcutConfig()
+    sensitivity: SensitivityConfig = SensitivityConfig()
 
 
 class ReportConfig(_Strict):

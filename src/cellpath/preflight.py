@@ -14,7 +14,7 @@ What is checked, beyond the schema of params.yaml (:mod:`cellpath.config`):
 - ``concordance.cellvit_dir``: a CellViT++ output for every section;
 - ``annotate``: a reference per organ (or per mapped section) holding ``label_column``;
 - ``concordance.panel_sizes`` and ``panel`` against the number of sections, ``probe.mocv_folds``
-  against the panel's sections, ``robustness.shortcut.held_out`` against the confounder's levels;
+  against the panel's sections, ``robustness.shortcut.train_levels`` / ``held_out`` against the confounder's levels;
 - ``executor``: the packages a Dask or SLURM backend needs.
 
 Each :class:`Problem` names the parameter, file or section at fault and what to do.
@@ -211,20 +211,20 @@ def _check_panels(params: Params, sections: list[PlannedSection]) -> list[Proble
                                                     f"panel {params.panel} has {min(panel_size, n_sections)}"))
     shortcut = params.robustness.shortcut
     if shortcut.enabled:
-        levels = {getattr(s, shortcut.confounder) for s in sections}
-        trained = len(levels) - shortcut.held_out
-        if trained < 2:
-            problems.append(Problem("robustness.shortcut.held_out",
-                                    f"{len(levels)} {shortcut.confounder} level(s) in this run leave fewer than two to "
-                                    f"train on with held_out={shortcut.held_out}; lower held_out or add sections"))
-        else:
-            from cellpath.robustness.shortcut import sweep_tables
+        from cellpath.robustness.shortcut import split_levels, sweep_tables
 
+        levels = sorted({getattr(s, shortcut.confounder) for s in sections})
+        try:
+            trained, _ = split_levels(levels, shortcut.train_levels, shortcut.held_out_levels)
+        except ValueError as exc:
+            key = "train_levels" if shortcut.train_levels is not None else "held_out"
+            problems.append(Problem(f"robustness.shortcut.{key}", f"{shortcut.confounder}: {exc}"))
+        else:
             try:  # two classes: the fewest a sweep has, so a failure here fails for any panel
-                sweep_tables(trained, 2, shortcut.pool_size)
+                sweep_tables(len(trained), 2, shortcut.pool_size)
             except ValueError as exc:
                 problems.append(Problem("robustness.shortcut.pool_size",
-                                        f"{exc}; raise pool_size or hold out more {shortcut.confounder} levels"))
+                                        f"{exc}; raise pool_size or train on fewer {shortcut.confounder} levels"))
     return problems
 
 

@@ -32,7 +32,8 @@ from cellpath.tracking import provenance_tags
 log = logging.getLogger(__name__)
 
 PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement", "is_panels", "cra_panels"]
-ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary", "agreement"]
+ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary", "agreement",
+                    "sensitivity_agreement"]
 TAXONOMY_NAMES = {"fine": "Tfine", "coarse": "Tcoarse"}
 
 GLOSSARY = [
@@ -194,6 +195,15 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         "own condition (Table S8; positive: more robust, less degradation); confounder k-NN accuracy with median "
         "CRoMa. Undefined (–) with fewer than three models.",
         inputs.robustness["agreement"].set_index("x"), percent_pairs=False, percent_columns=())
+    out["sensitivity"] = _table(
+        "sensitivity", "Sensitivity to m and α",
+        "Spearman ρ across models between the rankings at two settings (CRoMa paper, Tables S1 and S2): median "
+        "CRoMa at the headline m against each extreme of the m sweep and the extremes against each other; LTM at "
+        "each pair of tail fractions α. '< 0': models whose ranked statistic is negative (for m: confounder-"
+        "dominant), at the two settings and the fewest–most over the whole sweep. Undefined (–) with fewer than "
+        "three models; empty unless robustness.sensitivity is set.",
+        tables.sensitivity_table(inputs.robustness["sensitivity_agreement"]), percent_pairs=False,
+        percent_columns=())
     enrichment = inputs.robustness["low_margin_enrichment"].sort_values("enrichment", ascending=False)
     out["low_margin_enrichment"] = _table(
         "low_margin_enrichment", "Low-margin enrichment",
@@ -338,6 +348,7 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "effect_tables": [by_name["rank_agreement"], by_name["magnification_retention"]],
         "panel_table": by_name["panel_robustness"], "robustness_table": by_name["robustness"],
         "shortcut_table": by_name["shortcut"], "agreement_table": by_name["agreement"],
+        "sensitivity_table": by_name["sensitivity"],
         "enrichment_table": by_name["low_margin_enrichment"],
         "class_table": by_name["class_counts"], "candidates_table": by_name["panels"],
         "figures": pngs, "pareto_figures": paretos, "thumbnails": thumbs, "where": where, "glossary": GLOSSARY,

@@ -15,6 +15,9 @@ accuracy over the candidate k's; the shared k is the lower median of the models'
 - ``robustness/margins.parquet``: every cell's CRoMa margin (NaN where undefined) for failure analysis;
 - ``robustness/low_margin_enrichment.csv``: cell type, organ and section shares of the worst decile;
 - ``robustness/shortcut.csv``: the shortcut probe's accuracy curves, ``shortcut_summary.csv`` APD / nIPD;
+- ``robustness/agreement.csv``: rank agreement of the metrics across models (and with nIPD);
+- ``robustness/sensitivity.csv`` / ``sensitivity_agreement.csv``: the optional α and m sweeps
+  (``robustness.sensitivity``) and the rank correlations between their settings;
 - ``robustness_metrics.json``: per model, the headline numbers for ``dvc metrics show``.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +43,8 @@ from cellpath.probe_stage import flat_metrics
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
 from cellpath.robustness.agreement import metric_agreement
-from cellpath.robustness.shortcut import sweep_tables
+from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
+from cellpath.robustness.shortcut import split_levels, sweep_tables
 from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
 from cellpath.tracking import Tracker
@@ -87,7 +92,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
                                         if readout in CLS_READOUTS and not spec.has_cls)
     context, tasks, shortcut_tasks = robustness_tasks(params, data_dir, panel, encoders, magnifications)
     tracker = Tracker(params.mlflow, "robustness", root)
-    rows, margin_frames, enrichment_frames = [], [], []
+    rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
     try:
         outcomes = run_tasks(tasks + shortcut_tasks, params.executor)
         for outcome in outcomes[:len(tasks)]:  # in task order: the tables do not depend on the executor
@@ -96,6 +101,7 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
                 continue
             margins_shard = pd.read_parquet(outcome.output / "margins.parquet")
             enrichment_frames.append(pd.read_parquet(outcome.output / "enrichment.parquet"))
+            sensitivity_frames.append(pd.read_parquet(outcome.output / "sensitivity.parquet"))
             offset = 0
             for row in shard_rows:
                 rows.append(row)
@@ -115,8 +121,10 @@ def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Pa
         shortcut_curves, shortcut_summary = _shortcut(params, outcomes[len(tasks):])
         metrics = robustness_metrics(summary, shortcut_summary, headline_magnification(magnifications))
         agreement = metric_agreement(summary, shortcut_summary)
+        sensitivity = _sensitivity_table(sensitivity_frames)
         _write(reports, summary, pd.concat(margin_frames, ignore_index=True),
-               pd.concat(enrichment_frames, ignore_index=True), shortcut_curves, shortcut_summary, agreement, metrics)
+               pd.concat(enrichment_frames, ignore_index=True), shortcut_curves, shortcut_summary, agreement, metrics,
+               sensitivity, sensitivity_agreement(sensitivity, list(CONDITION_KEYS), cfg.m))
         tracker.finish({"panel": params.panel, "group": cfg.group, "confounder": cfg.confounder, "m": cfg.m,
                         "alpha": cfg.alpha, "k": cfg.k, "scopes": ",".join(cfg.scopes)},
                        flat_metrics(metrics), [reports / "robustness" / "summary.csv"])
@@ -165,19 +173,18 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
     shortcut = cfg.shortcut
     if not shortcut.enabled:
         return context, tasks, []
-    levels = sorted(panel.cells[shortcut.confounder].unique())
-    if len(levels) - shortcut.held_out < 2:
-        raise ConfigError(f"robustness.shortcut: {len(levels)} {shortcut.confounder} level(s) leave fewer than two "
-                          f"to train on with held_out={shortcut.held_out}")
-    train_levels = levels[:len(levels) - shortcut.held_out]  # the last `held_out` levels (sorted) are never trained on
+    try:
+        train_levels, held_levels = split_levels(panel.cells[shortcut.confounder].unique().tolist(),
+                                                 shortcut.train_levels, shortcut.held_out_levels)
+    except ValueError as exc:
+        raise ConfigError(f"robustness.shortcut ({shortcut.confounder} of panel {params.panel}): {exc}") from None
     trained = panel.cells[panel.cells[shortcut.confounder].isin(train_levels)]
     try:
         sweep_tables(len(train_levels), trained[shortcut.taxonomy].nunique(), shortcut.pool_size)
     except ValueError as exc:
-        raise ConfigError(f"robustness.shortcut.pool_size: {exc}; raise pool_size, hold out more "
-                          f"{shortcut.confounder} levels (held_out) or set confounder: organ") from None
-    log.info("shortcut probe: trained on %s, held out %s", ", ".join(train_levels),
-             ", ".join(levels[len(train_levels):]))
+        raise ConfigError(f"robustness.shortcut.pool_size: {exc}; raise pool_size or train on fewer "
+                          f"{shortcut.confounder} levels (train_levels, held_out)") from None
+    log.info("shortcut probe: trained on %s, held out %s", ", ".join(train_levels), ", ".join(held_levels))
     headline = headline_magnification(magnifications)
     shortcut_tasks = [task(f"shortcut {spec.slug} {headline}", shortcut_shard,
                            (spec, headline, cfg, params.seed, train_levels), [spec], headline, seed=params.seed,
@@ -189,20 +196,25 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
 def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[EncoderSpec], magnification: str,
                      readout: str, cfg: RobustnessConfig) -> None:
     """Task: score every taxonomy, scope and unit of one (magnification, readout) for ``specs``;
-    writes ``out/`` with summary, margins (the rows' blocks, in order) and enrichment Parquet files."""
+    writes ``out/`` with summary, margins (the rows' blocks, in order), enrichment and sensitivity
+    Parquet files."""
     from cellpath.robustness import low_margin_enrichment
 
     panel = read_context(context)
     cells = panel.cells
     groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in specs}
     bases = {spec.slug: load_base_readouts(data_dir / "features", spec.slug, magnification, panel) for spec in specs}
-    rows, margin_frames, enrichment_frames = [], [], []
+    rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
     for taxonomy in cfg.taxonomies:
         for scope in cfg.scopes:
             for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
                 condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
                              "scope": scope, "unit": unit}
-                for spec, result, own_k in _score_models(specs, bases, groups, unit_rows, cells, condition, cfg):
+                unit_data = _UnitData(
+                    {s.slug: readout_matrix(bases[s.slug], readout)[unit_rows] for s in specs},
+                    cells[taxonomy].to_numpy()[unit_rows], cells[cfg.confounder].to_numpy()[unit_rows],
+                    {s.slug: groups[s.slug][unit_rows] for s in specs})
+                for spec, result, own_k in _score_models(specs, unit_data, cfg):
                     rows.append({"model": spec.name, **condition, "confounder": cfg.confounder, **result.summary(),
                                  "k_selected": own_k})
                     margins = _margin_frame(cells.iloc[unit_rows], result.margins, spec.name, condition, taxonomy)
@@ -211,32 +223,53 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                                                        columns=("cell_type", "organ", "section_id"),
                                                        fraction=cfg.low_margin_fraction)
                     enrichment_frames.append(enrichment.assign(model=spec.name, **condition))
+                    sensitivity_frames += [frame.assign(model=spec.name, **condition)
+                                           for frame in _sensitivity(spec, unit_data, result.margins, cfg)]
     out.mkdir()
     pd.DataFrame(rows).to_parquet(out / "summary.parquet", index=False)
-    for name, frames in (("margins", margin_frames), ("enrichment", enrichment_frames)):
+    for name, frames in (("margins", margin_frames), ("enrichment", enrichment_frames),
+                         ("sensitivity", sensitivity_frames)):
         (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()).to_parquet(out / f"{name}.parquet",
                                                                                         index=False)
 
 
-def _score_models(specs: list[EncoderSpec], bases: dict[str, dict[str, np.ndarray]], groups: dict[str, np.ndarray],
-                  unit_rows: np.ndarray, cells: pd.DataFrame, condition: dict, cfg: RobustnessConfig) -> list[tuple]:
+@dataclass(frozen=True)
+class _UnitData:
+    """One scoring unit's rows: features per model slug, biology and confounder labels, groups per model slug."""
+
+    features: dict[str, np.ndarray]
+    biology: np.ndarray
+    confounder: np.ndarray
+    groups: dict[str, np.ndarray]
+
+
+def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConfig) -> list[tuple]:
     """Score each model of one condition: (spec, result, the model's own k*). RI/MaRI are at the
     shared k (the lower median of the models' k*) unless ``robustness.k`` is set; k* is each
     model's own maximiser of its biological k-NN accuracy, whatever k the scores use."""
     from cellpath.robustness import score_embeddings, shared_k
 
-    biology = cells[condition["taxonomy"]].to_numpy()[unit_rows]
-    confounder = cells[cfg.confounder].to_numpy()[unit_rows]
-    features = {s.slug: readout_matrix(bases[s.slug], condition["readout"])[unit_rows] for s in specs}
-
     def score(spec, k):
-        return score_embeddings(features[spec.slug], biology, confounder, groups[spec.slug][unit_rows], m=cfg.m, k=k,
-                                alpha=cfg.alpha)
+        return score_embeddings(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
+                                m=cfg.m, k=k, alpha=cfg.alpha)
 
     first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
     own = {spec.slug: int(result.k) for spec, result in first}
     k = cfg.k if cfg.k is not None else int(shared_k(list(own.values())))
     return [(spec, result if result.k == k else score(spec, k), own[spec.slug]) for spec, result in first]
+
+
+def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: RobustnessConfig) -> list[pd.DataFrame]:
+    """The model's rows of the optional α and m sweeps (``robustness.sensitivity``) on one unit."""
+    from cellpath.robustness.sensitivity import margin_sweep, tail_sweep
+
+    frames = []
+    if cfg.sensitivity.alphas:
+        frames.append(tail_sweep(margins, cfg.sensitivity.alphas))
+    if cfg.sensitivity.m_max is not None:
+        frames.append(margin_sweep(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
+                                   range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha))
+    return frames
 
 
 def _margin_frame(cells: pd.DataFrame, margins: np.ndarray, model: str, condition: dict, taxonomy: str) -> pd.DataFrame:
@@ -271,8 +304,8 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
         sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
                                pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed)
     except ValueError as exc:  # a (confounder x class) cell of the panel too small for the pool asked of it
-        raise ConfigError(f"robustness.shortcut ({spec.name}, {magnification}): {exc}; or hold out more "
-                          f"{cfg.confounder} levels (held_out), or set confounder: organ") from None
+        raise ConfigError(f"robustness.shortcut ({spec.name}, {magnification}): {exc}, or train on levels with "
+                          f"more cells of their aligned class (train_levels)") from None
     curves, summaries = [], []
     for setting, accuracies in (("in_domain", sweep.in_domain), ("held_out", sweep.held_out)):
         if accuracies is None:
@@ -304,8 +337,16 @@ def robustness_metrics(summary: pd.DataFrame, shortcut: pd.DataFrame, magnificat
     return metrics
 
 
+def _sensitivity_table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The α and m sweep rows of every shard (empty, with its columns, when the sweeps are off)."""
+    columns = ["model", *CONDITION_KEYS, *SWEEP_COLUMNS]
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
 def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichment: pd.DataFrame,
-           curves: pd.DataFrame, shortcut: pd.DataFrame, agreement: pd.DataFrame, metrics: dict) -> None:
+           curves: pd.DataFrame, shortcut: pd.DataFrame, agreement: pd.DataFrame, metrics: dict,
+           sensitivity: pd.DataFrame, sensitivity_agreement_table: pd.DataFrame) -> None:
     reports.mkdir(parents=True, exist_ok=True)
     with atomic_output(reports / "robustness") as out:
         out.mkdir()
@@ -315,5 +356,7 @@ def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichme
         curves.to_csv(out / "shortcut.csv", index=False)
         shortcut.to_csv(out / "shortcut_summary.csv", index=False)
         agreement.to_csv(out / "agreement.csv", index=False)
+        sensitivity.to_csv(out / "sensitivity.csv", index=False)
+        sensitivity_agreement_table.to_csv(out / "sensitivity_agreement.csv", index=False)
     with atomic_output(reports / "robustness_metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")

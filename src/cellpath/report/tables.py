@@ -249,6 +249,24 @@ def shortcut_table(shortcut: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def sensitivity_table(agreement: pd.DataFrame) -> pd.DataFrame:
+    """The m and α sweeps' rank correlations (CRoMa paper, Tables S1, S2), one row per condition and
+    comparison, indexed by the comparison ("m 5 vs 1", "α 0.05 vs 0.1")."""
+    if agreement.empty:
+        return pd.DataFrame(columns=["condition", "ranked", "ρ", "models", "< 0 at x / y", "< 0 over the sweep"])
+    symbol = {"m": "m", "alpha": "α"}
+    rows = []
+    for row in agreement.itertuples():
+        x, y = (f"{v:g}" for v in (row.x, row.y))
+        rows.append({"comparison": f"{symbol[row.parameter]} {x} vs {y}",
+                     "condition": " ".join(str(v) for v in (row.magnification, row.readout, row.taxonomy, row.scope,
+                                                            row.unit)),
+                     "ranked": {"croma_median": "median CRoMa", "ltm": "LTM"}[row.statistic], "ρ": row.rho,
+                     "models": row.n_models, "< 0 at x / y": f"{row.n_negative_x} / {row.n_negative_y}",
+                     "< 0 over the sweep": f"{row.n_negative_min}–{row.n_negative_max}"})
+    return pd.DataFrame(rows).set_index("comparison")
+
+
 def class_counts(label_summary: pd.DataFrame, taxonomy: str = "fine") -> pd.DataFrame:
     """Cells per class per section (Fig. 4), from the annotation summary's ``<taxonomy>:<class>``
     columns, with a panel total row and each class's share of the panel."""

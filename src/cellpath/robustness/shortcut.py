@@ -4,13 +4,14 @@ reductions APD (PathoROB) and nIPD (CRoMa paper), matching ``croma.apd`` / ``cro
 Design (after ``croma.downstream.probe`` / PathoROB): a logistic-regression probe predicts the
 biology from frozen features. Its training pool (training + validation rows) has a fixed size and
 fixed marginal class and confounder frequencies (see :func:`composition`); only the joint
-composition moves, from independence (V = 0) to complete dependence (V = 1), confounder levels
-and classes paired in their order of first appearance. Each run fixes the test rows first,
+composition moves, from independence (V = 0) to complete dependence (V = 1), the i-th training
+confounder level (in the order given) paired with the i-th class (sorted). Each run fixes the test rows first,
 then walks the V grid on nested prefixes of the same shuffled rows, so across V only the training
 composition changes. Regularisation C is chosen from ``C_GRID`` (15 values, 1e-8..1e4) by
 validation balanced accuracy (first best), then the probe is refitted on the training rows.
-Accuracies are balanced accuracies: in domain (unseen groups of the training confounders, equal
-rows per confounder x class cell) and held out (every row of the confounders not trained on).
+Accuracies are balanced accuracies: in domain (unseen groups of the training confounders, every
+confounder x class cell weighted equally, :func:`cell_balanced_accuracy`) and held out (every row
+of the confounders not trained on).
 Features are used as given (no scaling), as in PathoROB.
 
 Deviations from croma's sweep, on purpose:
@@ -23,7 +24,11 @@ Deviations from croma's sweep, on purpose:
 * croma shuffles whole slides inside each (confounder, class) cell and cuts the test tail from the
   same cells. Here the unit kept whole is the *group* (patch / tile), which may span several
   classes, so the in-domain test rows are a random share of the groups (``test_fraction``), drawn
-  before any training rows, and never shared with training or validation.
+  before any training rows, and never shared with training or validation. Groups are taken in a
+  random order, skipping any that would leave a cell short of the sweep's largest request for it:
+  with cell types clustered in few patches, a plain draw can take most of a class's patches (see
+  docs/decisions/0018). As the groups' test rows cannot be equal per cell, each cell is weighted
+  equally in the in-domain accuracy instead (the same estimand).
 * Validation rows are a ``validation_fraction`` share of each cell's pool rows (the paper's 10%
   of a fixed pool) rather than PathoROB's ``1 / max_train_slides`` extra rows.
 """
@@ -158,6 +163,24 @@ def sweep_tables(n_confounders: int, n_classes: int, pool_size: int,
     return tables, realised
 
 
+def split_levels(levels: Sequence[str], train_levels: Sequence[str] | None, held_out: int) -> tuple[list[str], list[str]]:
+    """The confounder levels trained on and held out: ``train_levels`` as given (each must be one of
+    ``levels``), else every sorted level but the last ``held_out``. Raises ValueError naming the
+    problem when a level is unknown or fewer than two are trained on."""
+    ordered = sorted(levels)
+    if train_levels is None:
+        trained = ordered[:max(len(ordered) - held_out, 0)]
+    else:
+        unknown = [level for level in train_levels if level not in ordered]
+        if unknown:
+            raise ValueError(f"train_levels {unknown} are not among this run's levels: {', '.join(ordered)}")
+        trained = list(train_levels)
+    if len(trained) < 2:
+        raise ValueError(f"{len(ordered)} level(s) leave {len(trained)} to train on (held_out={held_out}); the sweep "
+                         f"needs two: lower held_out or list train_levels")
+    return trained, [level for level in ordered if level not in trained]
+
+
 def nipd_interval(accuracies: ArrayLike, cramers_v_values: ArrayLike, chance: float, *, n_boot: int = 2000,
                   level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of :func:`nipd` over resampling runs: runs (columns) drawn with
@@ -192,8 +215,8 @@ def _fit_probe(x_train, y_train, x_val, y_val, c_grid: Sequence[float]) -> Logis
 
 @dataclass(frozen=True)
 class _Layout:
-    """Which rows the sweep trains and tests on. ``classes``: class code per row (order of first
-    appearance among training rows; -1 for classes no training confounder has); ``cells``:
+    """Which rows the sweep trains and tests on. ``classes``: class code per row (sorted classes of
+    the training rows; -1 for classes no training confounder has); ``cells``:
     confounder x class cell per training-confounder row (-1 elsewhere)."""
 
     classes: np.ndarray
@@ -218,7 +241,7 @@ def _layout(biology: ArrayLike, confounder: ArrayLike, n: int, train_confounders
     if unknown:
         raise ValueError(f"train_confounders {unknown} do not occur in confounder")
     in_train = np.isin(conf, levels)
-    class_names = list(dict.fromkeys(bio[in_train].tolist()))
+    class_names = sorted(set(bio[in_train].tolist()))
     classes = np.array([class_names.index(b) if b in class_names else -1 for b in bio.tolist()])
     conf_code = np.array([levels.index(c) if t else -1 for c, t in zip(conf.tolist(), in_train)])
     cells = np.where(in_train, conf_code * len(class_names) + classes, -1)
@@ -232,23 +255,35 @@ def _cell_orders(cells: np.ndarray, groups: np.ndarray, rng: np.random.Generator
     return [order[cells[order] == cell] for cell in range(n_cells)]
 
 
-def _in_domain_test(cells: np.ndarray, rows: np.ndarray, rng: np.random.Generator, n_cells: int) -> np.ndarray:
-    """Equal numbers of rows from every cell (the smallest cell's count), drawn at random."""
-    per_cell = [rows[cells[rows] == cell] for cell in range(n_cells)]
-    size = min(len(p) for p in per_cell)
-    if size == 0:
-        raise ValueError("some confounder x class cell has no in-domain test rows; raise test_fraction")
-    return np.concatenate([rng.choice(p, size, replace=False) for p in per_cell])
+def _in_domain_test(cells: np.ndarray, rows: np.ndarray, n_cells: int) -> np.ndarray:
+    """The in-domain test rows; raises ValueError when a cell has none (its accuracy is undefined)."""
+    if np.any(np.bincount(cells[rows], minlength=n_cells) == 0):
+        raise ValueError("some confounder x class cell has no in-domain test rows (its cells are all needed for the "
+                         "training pool); lower pool_size")
+    return rows
 
 
-def _check_pool(orders: list[np.ndarray], largest: np.ndarray, layout: _Layout) -> None:
-    """Raise when a cell has fewer non-test rows than the sweep's largest request for it."""
+def cell_balanced_accuracy(y_true: np.ndarray, y_pred: np.ndarray, cells: np.ndarray, n_classes: int) -> float:
+    """Balanced accuracy with every (confounder x class) cell weighted equally: per class, the mean
+    over confounders of the cell's recall; then the mean over classes. ``cells`` = confounder code x
+    ``n_classes`` + class. The estimand of balanced accuracy on a test set with equal rows per cell
+    (PathoROB's in-domain design), from every test row instead of a subsample of the smallest cell's
+    size."""
+    support = np.bincount(cells, minlength=cells.max() + 1)
+    hits = np.bincount(cells[y_true == y_pred], minlength=len(support))
+    present = support > 0
+    recall = np.where(present, hits / np.maximum(support, 1), np.nan).reshape(-1, n_classes)
+    return float(np.mean(np.nanmean(recall, axis=0)))
+
+
+def _check_pool(totals: np.ndarray, largest: np.ndarray, layout: _Layout) -> None:
+    """Raise when a cell has fewer rows in all than the sweep's largest request for it."""
     n_classes = len(layout.class_names)
-    for cell, (order, count) in enumerate(zip(orders, largest)):
-        if count > len(order):
+    for cell, (total, count) in enumerate(zip(totals, largest)):
+        if count > total:
             raise ValueError(
                 f"confounder {layout.levels[cell // n_classes]!r} x biology {layout.class_names[cell % n_classes]!r} "
-                f"needs {count} training-pool rows but has {len(order)} outside the test groups; lower pool_size"
+                f"needs {count} training-pool rows but has {total} cells in all; lower pool_size"
             )
 
 
@@ -262,21 +297,55 @@ def _pool_rows(orders: list[np.ndarray], counts: np.ndarray, validation_fraction
     return np.concatenate(train), np.concatenate(val)
 
 
+def _test_groups(cells: np.ndarray, groups: np.ndarray, need: np.ndarray, rng: np.random.Generator,
+                 test_fraction: float) -> np.ndarray:
+    """The in-domain test groups: ``test_fraction`` of the training confounders' groups, taken in a
+    random order, skipping any group whose rows would leave a (confounder x class) cell fewer
+    non-test rows than the sweep's largest request for it (``need``, per cell). A cell left without
+    test rows then gets the first group (same order) that holds it and still fits."""
+    in_train = cells >= 0
+    names, codes = np.unique(groups[in_train], return_inverse=True)
+    per_group = np.zeros((len(names), len(need)), dtype=np.int64)
+    np.add.at(per_group, (codes, cells[in_train]), 1)
+    target = int(np.ceil(test_fraction * len(names)))
+    spare = per_group.sum(axis=0) - need
+    order = rng.permutation(len(names))
+    chosen = np.zeros(len(names), dtype=bool)
+
+    def take(g: int) -> None:
+        nonlocal spare
+        chosen[g] = True
+        spare = spare - per_group[g]
+
+    for g in order:
+        if chosen.sum() == target:
+            break
+        if np.all(per_group[g] <= spare):
+            take(g)
+    for cell in range(len(need)):
+        if per_group[chosen, cell].sum() == 0:
+            fitting = [g for g in order if not chosen[g] and per_group[g, cell] > 0 and np.all(per_group[g] <= spare)]
+            if fitting:
+                take(fitting[0])
+    return names[chosen]
+
+
 def _run(x: np.ndarray, groups: np.ndarray, layout: _Layout, tables: tuple[np.ndarray, ...], rng: np.random.Generator,
          validation_fraction: float, test_fraction: float, c_grid: Sequence[float]) -> tuple[list[float], list[float]]:
     """One resampling run: in-domain and held-out balanced accuracy at every table."""
     y, cells = layout.classes, layout.cells
-    train_groups = np.unique(groups[cells >= 0])
-    test_groups = rng.choice(train_groups, int(np.ceil(test_fraction * len(train_groups))), replace=False)
+    largest = np.max(tables, axis=0).ravel()
+    _check_pool(np.bincount(cells[cells >= 0], minlength=layout.n_cells), largest, layout)
+    test_groups = _test_groups(cells, groups, largest, rng, test_fraction)
     is_test = (cells >= 0) & np.isin(groups, test_groups)
-    test_rows = _in_domain_test(cells, np.flatnonzero(is_test), rng, layout.n_cells)
+    test_rows = _in_domain_test(cells, np.flatnonzero(is_test), layout.n_cells)
     orders = _cell_orders(np.where(is_test, -1, cells), groups, rng, layout.n_cells)
-    _check_pool(orders, np.max(tables, axis=0).ravel(), layout)
     in_domain, held_out = [], []
     for table in tables:
         train, val = _pool_rows(orders, table.ravel(), validation_fraction)
         probe = _fit_probe(x[train], y[train], x[val], y[val], c_grid)
-        in_domain.append(balanced_accuracy(y[test_rows], probe.predict(x[test_rows])))
+        in_domain.append(cell_balanced_accuracy(y[test_rows], probe.predict(x[test_rows]), cells[test_rows],
+                                                len(layout.class_names)))
         if layout.held_out_rows.size:
             rows = layout.held_out_rows
             held_out.append(balanced_accuracy(y[rows], probe.predict(x[rows])))
@@ -300,9 +369,10 @@ def shortcut_sweep(
 ) -> ShortcutSweep:
     """Run the confounder-biased probe sweep on raw features (see the module docstring).
 
-    ``train_confounders``: the confounder levels the probe trains on (default all, leaving no
-    held-out evaluation); the classes are those present in them, and held-out rows of other
-    classes are not scored. ``pool_size``: training + validation rows at every V (rounded down to a
+    ``train_confounders``: the confounder levels the probe trains on, in the order that aligns them
+    with the sorted classes (default all, in order of first appearance, leaving no held-out
+    evaluation); the classes are those present in them, and held-out rows of other classes are not
+    scored. ``pool_size``: training + validation rows at every V (rounded down to a
     multiple of max(#train confounders, #classes)^2, see :func:`composition`).
     """
     x = check_features(features)
