@@ -107,7 +107,8 @@ def test_robustness_summary_and_margins_are_identical(twin_runs):
     b = pd.read_parquet(second["reports"] / "robustness" / "margins.parquet")
     assert len(a) > 0 and a["margin"].notna().any()
     _assert_tables_identical(a, b)
-    assert _assert_files_identical(first["reports"] / "robustness", second["reports"] / "robustness") == 6
+    # summary, margins, enrichment, shortcut curves and summary, agreement, sensitivity sweep and its agreement
+    assert _assert_files_identical(first["reports"] / "robustness", second["reports"] / "robustness") == 8
     assert ((first["reports"] / "robustness_metrics.json").read_bytes()
             == (second["reports"] / "robustness_metrics.json").read_bytes())
 
