@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 from cellpath.config import load_params, parse_params  # noqa: E402
 from cellpath.executor import Task, run_tasks  # noqa: E402
-from cellpath.probe_stage import run_probe_stage  # noqa: E402
+from cellpath.stages.probe import run as run_probe_stage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTORS = {"local-1": {"backend": "local", "workers": 1}, "local-2": {"backend": "local", "workers": 2},

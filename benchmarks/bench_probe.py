@@ -47,7 +47,7 @@ from cellpath import probe
 from cellpath.config import load_params, parse_params
 from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
 from cellpath.probe import ProbeTask, fit_tasks, macro_f1, standardised, standardiser
-from cellpath.probe_stage import plan_magnification, run_probe_stage
+from cellpath.stages.probe import plan_magnification, run as run_probe_stage
 from cellpath.probing import class_codes
 from cellpath.selection import evaluated_encoders
 from cellpath.tracking import Tracker

@@ -54,7 +54,9 @@ def tiny_panel(tmp_path_factory) -> dict:
 
     Keys: params, data_dir, reports_dir, sections (ingest index), labels (annotate summary).
     """
-    from cellpath.stages import run_annotate, run_fetch, run_ingest
+    from cellpath.stages.annotate import run as run_annotate
+    from cellpath.stages.fetch import run as run_fetch
+    from cellpath.stages.ingest import run as run_ingest
 
     root = tmp_path_factory.mktemp("tiny")
     data_dir, reports_dir = root / "data", root / "reports"
@@ -74,7 +76,8 @@ def tiny_features(tiny_panel, tmp_path_factory) -> dict:
     """
     import shutil
 
-    from cellpath.stages import run_concordance, run_extract
+    from cellpath.stages.concordance import run as run_concordance
+    from cellpath.stages.extract import run as run_extract
 
     root = tmp_path_factory.mktemp("features")
     data_dir = root / "data"

@@ -25,7 +25,7 @@ from cellpath.ontology import (
     map_reference_labels,
     marker_genes,
 )
-from cellpath.stages import run_annotate
+from cellpath.stages.annotate import run as run_annotate
 from cellpath.transfer import UNCERTAIN, Reference, Transferred, fit_transfer, load_reference, transfer_labels
 from conftest import PROJECT_ROOT, tiny_params
 

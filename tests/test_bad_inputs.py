@@ -79,7 +79,7 @@ def _raw_copy(panel: dict, tmp: Path) -> tuple[Path, Path]:
 
 
 def _ingest_scenario(panel: dict, tmp: Path, corrupt: Callable[[Path], None]) -> Scenario:
-    from cellpath.stages import run_ingest
+    from cellpath.stages.ingest import run as run_ingest
 
     data_dir, folder = _raw_copy(panel, tmp)
     corrupt(folder)
@@ -222,7 +222,7 @@ INGEST_ROWS = {
 
 
 def _annotate_with_reference(tmp: Path, panel: dict, mutate: Callable[[ad.AnnData], ad.AnnData]) -> Scenario:
-    from cellpath.stages import run_annotate
+    from cellpath.stages.annotate import run as run_annotate
 
     data_dir = _sections_copy(panel, tmp, references=True)
     _rewrite_reference(data_dir / "references" / "breast.h5ad", mutate)
@@ -246,7 +246,7 @@ def _one_class_section(tmp: Path, panel: dict, _mp) -> Scenario:
     data_dir = scenario.outputs[0].parent
 
     def check(summary: pd.DataFrame) -> None:
-        from cellpath.stages import sections_to_extract
+        from cellpath.sections import sections_to_extract
 
         assert summary["excluded"].tolist() == [True]  # counted in the stage's summary ...
         assert summary.loc[0, "n_valid_coarse"] == 1
@@ -290,7 +290,7 @@ def _cellvit_document(panel: dict, type_map: dict) -> dict:
 
 
 def _concordance_scenario(tmp: Path, panel: dict, document: dict | None, changes: dict | None = None) -> Scenario:
-    from cellpath.stages import run_concordance
+    from cellpath.stages.concordance import run as run_concordance
 
     data_dir = _sections_copy(panel, tmp, labels=True)
     cellvit = tmp / "cellvit"

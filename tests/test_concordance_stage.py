@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from cellpath.stages import run_concordance
+from cellpath.stages.concordance import run as run_concordance
 
 
 def test_concordance_stage_ranks_sections_and_builds_nested_panels(tiny_panel, tmp_path):
@@ -29,7 +29,9 @@ def test_concordance_stage_ranks_sections_and_builds_nested_panels(tiny_panel, t
 
 def test_simulator_knobs_move_the_ranking(tmp_path):
     """Weak morphology lowers AGR-BAcc (ranked last); registration jitter shows as lost matches."""
-    from cellpath.stages import run_annotate, run_fetch, run_ingest
+    from cellpath.stages.annotate import run as run_annotate
+    from cellpath.stages.fetch import run as run_fetch
+    from cellpath.stages.ingest import run as run_ingest
     from conftest import tiny_params
 
     sections = [

@@ -167,7 +167,7 @@ SIMULATED = [
 def simulated_sections(tmp_path_factory) -> Path:
     from conftest import tiny_params
 
-    from cellpath.stages import run_fetch
+    from cellpath.stages.fetch import run as run_fetch
 
     data_dir = tmp_path_factory.mktemp("detector") / "data"
     run_fetch(tiny_params(seed=3, cells=500, sections=SIMULATED), data_dir)

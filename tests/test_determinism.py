@@ -67,8 +67,8 @@ def _assert_files_identical(a: Path, b: Path, skip: tuple[str, ...] = ()) -> int
 @pytest.fixture(scope="module")
 def twin_runs(tiny_features, tmp_path_factory) -> list[dict]:
     """The probe and robustness stages run twice each, MLflow off, on two copies of the features."""
-    from cellpath.probe_stage import run_probe_stage
-    from cellpath.robustness_stage import run_robustness_stage
+    from cellpath.stages.probe import run as run_probe_stage
+    from cellpath.stages.robustness import run as run_robustness_stage
     from test_probe_stage import _params as probe_params
     from test_robustness_stage import _params as robustness_params
 
@@ -114,7 +114,7 @@ def test_robustness_summary_and_margins_are_identical(twin_runs):
 
 
 def _extract(panel: dict, data_dir: Path, encoder: str) -> Path:
-    from cellpath.stages import run_extract
+    from cellpath.stages.extract import run as run_extract
 
     result = run_extract(panel["params"], extract_inputs(panel, data_dir), encoder, "10x")
     assert result["computed"] == [SECTION]

@@ -23,13 +23,13 @@ import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
-import cellpath.probe_stage as probe_stage
+import cellpath.stages.probe as probe_stage
 from cellpath.config import parse_params
 from cellpath.errors import ConfigError
 from cellpath.executor import ExecutorError, Task, oversubscription_guard, run_tasks, thread_settings
 from cellpath.panel_cells import load_panel_cells
-from cellpath.probe_stage import plan_magnification, probe_tasks, run_probe_stage
-from cellpath.robustness_stage import run_robustness_stage
+from cellpath.stages.probe import plan_magnification, probe_tasks, run as run_probe_stage
+from cellpath.stages.robustness import run as run_robustness_stage
 from cellpath.selection import evaluated_encoders
 from conftest import HANG_GUARD_S, TINY_SECTIONS
 from executor_tasks import die_once, write_value

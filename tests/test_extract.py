@@ -12,7 +12,7 @@ from cellpath.encoders.registry import load_registry
 from cellpath.feature_store import artifact_dir, read_artifact
 from cellpath.features import MAGNIFICATIONS, place_cells, read_patches
 from cellpath.readouts import available_readouts
-from cellpath.stages import run_extract
+from cellpath.stages.extract import run as run_extract
 from cellpath.wsi import open_slide
 from conftest import PROJECT_ROOT
 

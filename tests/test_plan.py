@@ -9,7 +9,7 @@ import yaml
 
 from cellpath.cli import main
 from cellpath.config import load_params, parse_params
-from cellpath.plan import PAPER_RUNS, PAPER_TABLE_3, build_plan
+from cellpath.stages.plan import PAPER_RUNS, PAPER_TABLE_3, build_plan
 from conftest import PROJECT_ROOT
 
 

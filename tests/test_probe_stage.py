@@ -11,7 +11,7 @@ import pytest
 
 from cellpath.config import parse_params
 from cellpath.errors import InputError
-from cellpath.probe_stage import run_probe_stage
+from cellpath.stages.probe import run as run_probe_stage
 from cellpath.probing import RUN_COLUMNS
 
 
@@ -176,7 +176,7 @@ def test_no_is_test_cell_shares_an_encoder_patch_with_a_training_or_validation_c
     every IS run, the encoder patches of its test cells and of its train + val cells are disjoint, and
     the run table counts the test cells each rule removed."""
     from cellpath.panel_cells import encoder_patch_ids, load_panel_cells
-    from cellpath.probe_stage import plan_magnification
+    from cellpath.stages.probe import plan_magnification
     from cellpath.selection import evaluated_encoders
 
     params = all_protocols["params"]

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from cellpath.config import parse_params
-from cellpath.probe_stage import headline_metrics, run_counts, summarise, write_outputs
+from cellpath.stages.probe import headline_metrics, run_counts, summarise, write_outputs
 from cellpath.report import tables
 from cellpath.report.thumbnails import crop_bounds, section_thumbnail
-from cellpath.report_stage import build_tables, load_inputs, run_report_stage
+from cellpath.stages.report import build_tables, load_inputs, run as run_report_stage
 from conftest import HANG_GUARD_S
 
 MODELS = {"filterbank-dense": 0.5, "random-vit-t16": 0.4, "random-vit-s16": 0.3}  # base Macro-F1

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from cellpath.config import parse_params
-from cellpath.robustness_stage import cell_groups, run_robustness_stage, scoring_units
+from cellpath.stages.robustness import cell_groups, run as run_robustness_stage, scoring_units
 
 
 def _params(base, tmp_path, **robustness):
@@ -168,7 +168,7 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
 
     from cellpath.config import RobustnessConfig
     from cellpath.robustness import score_embeddings, shared_k
-    from cellpath.robustness_stage import _score_models, _UnitData
+    from cellpath.stages.robustness import _score_models, _UnitData
 
     rng = np.random.default_rng(0)
     n = 240

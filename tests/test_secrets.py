@@ -52,7 +52,7 @@ def _files_holding(root: Path, secret: str) -> list[Path]:
 def test_token_never_reaches_probe_logs_or_mlflow(tiny_features, tmp_path, token_in_env, no_git, caplog, capfd):
     from mlflow.tracking import MlflowClient
 
-    from cellpath.probe_stage import run_probe_stage
+    from cellpath.stages.probe import run as run_probe_stage
     from test_probe_stage import _params
 
     caplog.set_level(logging.DEBUG)
@@ -79,7 +79,7 @@ def test_token_never_reaches_probe_logs_or_mlflow(tiny_features, tmp_path, token
 
 
 def test_token_never_reaches_feature_sidecars_or_extract_logs(tiny_panel, tmp_path, token_in_env, caplog, capfd):
-    from cellpath.stages import run_extract
+    from cellpath.stages.extract import run as run_extract
     from test_determinism import extract_inputs
 
     caplog.set_level(logging.DEBUG)

@@ -52,90 +52,76 @@ def _configure_logging(verbose: bool) -> None:
 
 def _fetch(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.stages import run_fetch
+    from cellpath.stages.fetch import run
 
-    run_fetch(load_params(args.params), Path(args.data_dir))
+    run(load_params(args.params), Path(args.data_dir))
 
 
 def _ingest(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.stages import run_ingest
+    from cellpath.stages.ingest import run
 
-    run_ingest(load_params(args.params), Path(args.data_dir))
+    run(load_params(args.params), Path(args.data_dir))
 
 
 def _annotate(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.stages import run_annotate
+    from cellpath.stages.annotate import run
 
-    run_annotate(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
 def _concordance(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.stages import run_concordance
+    from cellpath.stages.concordance import run
 
-    run_concordance(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
 def _extract(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.stages import run_extract
+    from cellpath.stages.extract import run
 
     params = load_params(args.params)
     encoders = [args.encoder] if args.encoder else params.extract.encoders
     magnifications = [args.magnification] if args.magnification else params.extract.magnifications
     for encoder in encoders:
         for magnification in magnifications:
-            run_extract(params, Path(args.data_dir), encoder, magnification)
+            run(params, Path(args.data_dir), encoder, magnification)
 
 
 def _probe(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.probe_stage import run_probe_stage
+    from cellpath.stages.probe import run
 
-    run_probe_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
 def _robustness(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.robustness_stage import run_robustness_stage
+    from cellpath.stages.robustness import run
 
-    run_robustness_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
 def _report(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
-    from cellpath.report_stage import run_report_stage
+    from cellpath.stages.report import run
 
-    run_report_stage(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
 def _validate(args: argparse.Namespace) -> None:
-    import json
+    from cellpath.stages.validate import run
 
-    from cellpath.atomic import atomic_output
-    from cellpath.config import load_params
-    from cellpath.errors import ConfigError
-    from cellpath.preflight import check_project
-
-    problems = check_project(Path(args.params), data_dir=Path(args.data_dir))
-    if problems:
-        listed = "\n".join(f"  - {problem}" for problem in problems)
-        raise ConfigError(f"{len(problems)} problem(s); fix them and rerun (no stage has run or removed "
-                          f"anything):\n{listed}")
-    params = load_params(args.params)
-    if args.record:  # the validate stage's output: every other stage depends on it, so its content is fixed
-        with atomic_output(Path(args.record)) as tmp:
-            tmp.write_text(json.dumps({"params": str(args.params), "valid": True}) + "\n")
-    print(f"{args.params}: valid (source={params.source}, encoders: {', '.join(params.extract.encoders)})")
+    print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None))
 
 
 def _plan(args: argparse.Namespace) -> None:
     import json
 
     from cellpath.config import load_params
-    from cellpath.plan import build_plan, render
+    from cellpath.stages.plan import build_plan, render
 
     plan = build_plan(load_params(args.params), Path(args.data_dir), Path(args.reports_dir),
                       Path(args.benchmarks_dir), preset=args.preset)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import anndata as ad
 import pandas as pd
 
 from cellpath.errors import InputError
+from cellpath.io.layout import labels_dir, sections_dir
 
-
-def sections_dir(data_dir: Path) -> Path:
-    return Path(data_dir) / "sections"
+log = logging.getLogger(__name__)
 
 
 def read_section_index(data_dir: Path) -> pd.DataFrame:
@@ -28,3 +28,16 @@ def read_section_table(data_dir: Path, section_id: str) -> ad.AnnData:
     if not path.is_dir():
         raise InputError("section table not found; rerun `cellpath ingest`", path=path, section=section_id)
     return ad.read_zarr(path)
+
+
+def sections_to_extract(data_dir: Path) -> pd.DataFrame:
+    """Ingested sections that annotation did not exclude (with their H&E geometry)."""
+    index = read_section_index(data_dir)
+    summary_path = labels_dir(data_dir) / "summary.csv"
+    if not summary_path.is_file():
+        raise InputError("no label summary; run `cellpath annotate` first", path=summary_path)
+    summary = pd.read_csv(summary_path)
+    excluded = set(summary.loc[summary["excluded"], "section_id"])
+    if excluded:
+        log.info("skipping %d section(s) excluded by annotation: %s", len(excluded), ", ".join(sorted(excluded)))
+    return index[~index["section_id"].isin(excluded)].reset_index(drop=True)

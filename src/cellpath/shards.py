@@ -3,7 +3,8 @@
 Shards live in ``<data>/.work/<stage>/`` — no DVC stage's output, ignored by git — as
 ``<key>.<ext>`` files or folders. A key ends with a digest of everything the shard's result
 depends on (docs/decisions/0010-executor.md): the stage's parameters, the shard's identity,
-the cellpath source and library versions (:func:`code_fingerprint`), the thread counts (they
+the source files the stage runs and the library versions
+(:func:`cellpath.code_deps.stage_fingerprint`), the thread counts (they
 change floating-point results), the panel's cells by content (:func:`panel_digest`) and the feature
 files by size, mtime and inode (:func:`file_fingerprint`: re-extraction renames new files into
 place). So a shard is reused only for exactly the inputs it was computed from, and anything else
@@ -17,7 +18,6 @@ import hashlib
 import json
 import pickle
 import re
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,6 @@ import pandas as pd
 from cellpath.atomic import atomic_output, remove_path
 from cellpath.panel_cells import PanelCells
 
-LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "torch", "timm", "scikit-learn", "faiss-cpu", "faiss-gpu-cu12")
 
 
 def work_dir(data_dir: Path, stage: str) -> Path:
@@ -50,21 +49,6 @@ def shard_key(stage: str, name: str, material: object) -> str:
     """``<stage>-<readable name>-<digest of material>``: file-system and Dask safe."""
     readable = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return f"{stage}-{readable}-{digest(material)}"
-
-
-def code_fingerprint() -> dict[str, object]:
-    """A digest of cellpath's source files and the versions of the numerical libraries."""
-    package = Path(__file__).resolve().parent
-    source = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        source.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return {"source": source.hexdigest()[:16], "libraries": versions}
 
 
 def panel_digest(panel: PanelCells) -> str:

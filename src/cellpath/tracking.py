@@ -202,3 +202,15 @@ def load_logged_table(tracking_uri: str, run_id: str, name: str = "probe_runs.js
         path = MlflowClient(tracking_uri=tracking_uri).download_artifacts(run_id, name, folder)
         payload = json.loads(Path(path).read_text())
     return pd.DataFrame(payload["data"], columns=payload["columns"])
+
+
+def flat_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """Nested headline metrics → flat MLflow keys (numbers only)."""
+    flat = {}
+    for key, value in metrics.items():
+        name = metric_key(f"{prefix}{key}")
+        if isinstance(value, dict):
+            flat |= flat_metrics(value, f"{name}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+            flat[name] = float(value)
+    return flat

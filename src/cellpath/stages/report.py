@@ -21,12 +21,12 @@ import pandas as pd
 from cellpath.atomic import atomic_output
 from cellpath.config import Params
 from cellpath.errors import InputError
+from cellpath.io.layout import raw_dir
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.report import figures, tables
 from cellpath.report.render import Table, render_html
 from cellpath.report.thumbnails import section_thumbnail
 from cellpath.sections import read_section_index
-from cellpath.stages import raw_dir
 from cellpath.tracking import provenance_tags
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ def thumbnails(params: Params, data_dir: Path, inputs: ReportInputs, colours: di
     return out
 
 
-def run_report_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> Path:
+def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> Path:
     """report: read the stage outputs, write index.html, tables/ and figures/; returns the page's path."""
     data_dir, reports = Path(data_dir), Path(reports)
     magnifications = params.stage_magnifications(params.probe.magnifications)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from cellpath.atomic import atomic_output
+from cellpath.code_deps import stage_fingerprint
 from cellpath.config import Params, ProbeConfig
 from cellpath.encoders.registry import EncoderSpec
 from cellpath.executor import Task, run_tasks, thread_settings
@@ -33,16 +34,16 @@ from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.protocols import IS_EXCLUSION_RULES
 from cellpath.readouts import CLS_READOUTS
 from cellpath.selection import evaluated_encoders, headline_magnification
-from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
+from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
-from cellpath.tracking import Tracker, metric_key
+from cellpath.tracking import Tracker, flat_metrics, metric_key
 
 log = logging.getLogger(__name__)
 
 METRICS = ("macro_f1", "macro_auroc", "macro_auprc")
 
 
-def run_probe_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
+def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
     """probe: fit and score every run, write the run table, summaries and metrics, log to MLflow."""
     started = time.perf_counter()
     cfg = params.probe
@@ -140,7 +141,7 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
     """
     cfg = params.probe
     work = work_dir(data_dir, "probe")
-    basis = {"code": code_fingerprint(), "threads": thread_settings(), "panel": params.panel,
+    basis = {"code": stage_fingerprint("probe"), "threads": thread_settings(), "panel": params.panel,
              "cells": panel_digest(panel), "protocols": params.protocols, "probe": cfg.model_dump(mode="json"),
              "is_patch_grids": sorted({spec.input_size for spec in encoders})}  # they shape the IS test sets
     context = write_context(work, "probe", basis, (panel, plans))
@@ -282,18 +283,6 @@ def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], cou
             entry["crt"] = _round(crt["crt"].iloc[0])
         metrics[model] = entry
     return metrics
-
-
-def flat_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
-    """Nested headline metrics → flat MLflow keys (numbers only)."""
-    flat = {}
-    for key, value in metrics.items():
-        name = metric_key(f"{prefix}{key}")
-        if isinstance(value, dict):
-            flat |= flat_metrics(value, f"{name}/")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
-            flat[name] = float(value)
-    return flat
 
 
 def stage_params(params: Params, magnifications: list[str]) -> dict:

@@ -242,7 +242,7 @@ def build_plan(params: Params, data_dir: Path, reports: Path, benchmarks: Path, 
     panel = panel_summary(params, data_dir, preset, evaluated)
     sections = panel["sections"]
     if evaluated is not None:
-        from cellpath.stages import sections_to_extract
+        from cellpath.sections import sections_to_extract
 
         cells = pd.read_csv(data_dir / "sections" / "sections.csv").set_index("section_id")["n_cells"]
         sections = [{"section_id": s, "cells": int(cells[s])} for s in sections_to_extract(data_dir)["section_id"]]

@@ -33,21 +33,21 @@ import numpy as np
 import pandas as pd
 
 from cellpath.atomic import atomic_output
+from cellpath.code_deps import stage_fingerprint
 from cellpath.config import Params, RobustnessConfig
 from cellpath.encoders.registry import EncoderSpec
 from cellpath.errors import ConfigError
 from cellpath.executor import Task, run_tasks, thread_settings
 from cellpath.feature_store import artifact_dir
 from cellpath.panel_cells import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.probe_stage import flat_metrics
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.readouts import CLS_READOUTS
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
 from cellpath.robustness.shortcut import split_levels, sweep_tables
-from cellpath.shards import (code_fingerprint, file_fingerprint, panel_digest, prune, read_context, shard_key,
+from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
-from cellpath.tracking import Tracker
+from cellpath.tracking import Tracker, flat_metrics
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def scoring_units(cells: pd.DataFrame, scope: str, confounder: str) -> list[tupl
     return units
 
 
-def run_robustness_stage(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
+def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
     """robustness: score every (encoder, magnification, readout, taxonomy, scope, unit)."""
     started = time.perf_counter()
     cfg = params.robustness
@@ -149,7 +149,7 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
     cfg = params.robustness
     data_dir = Path(data_dir).resolve()
     work = work_dir(data_dir, "robustness")
-    basis = {"code": code_fingerprint(), "threads": thread_settings(), "panel": params.panel,
+    basis = {"code": stage_fingerprint("robustness"), "threads": thread_settings(), "panel": params.panel,
              "cells": panel_digest(panel), "robustness": cfg.model_dump(mode="json"),
              "sections": file_fingerprint([data_dir / "sections" / "sections.csv",
                                            *(data_dir / "sections" / f"{s}.zarr" for s in panel.rows_in_section)])}

@@ -1,0 +1,125 @@
+"""extract: frozen-encoder features (Nuc, Mean, Cls) of every cell for one encoder at one
+magnification, one executor task per section, into ``data/features/<slug>/<magnification>/``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from functools import lru_cache, partial
+from pathlib import Path
+
+from cellpath.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
+from cellpath.config import Params
+from cellpath.errors import InputError
+from cellpath.io.layout import features_dir, raw_dir
+from cellpath.sections import read_section_table, sections_to_extract
+
+log = logging.getLogger(__name__)
+
+
+def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -> dict:
+    """extract: features of one encoder at one magnification, one task per section (``executor``);
+    sections whose artifact already carries the expected sidecar are not redone."""
+    import torch
+
+    from cellpath import __version__
+    from cellpath.encoders.registry import load_registry
+    from cellpath.executor import Task, run_tasks
+    from cellpath.feature_store import artifact_dir, expected_sidecar, is_complete
+    from cellpath.features import FEATURE_CODE_VERSION, MAGNIFICATIONS, place_cells
+
+    cfg = params.extract
+    registry = load_registry(cfg.registry)
+    by_slug = {spec.slug: spec for spec in registry.values()}
+    spec = by_slug.get(encoder_name)
+    if spec is None:
+        hint = f"; use its slug {registry[encoder_name].slug!r} (it names the DVC output folder)" \
+            if encoder_name in registry else f"; known: {', '.join(sorted(by_slug))}"
+        raise InputError(f"extract.encoders: unknown encoder slug {encoder_name!r}{hint}", path=cfg.registry)
+    if magnification not in MAGNIFICATIONS:
+        raise InputError(f"unknown magnification {magnification!r}; valid: {', '.join(MAGNIFICATIONS)}")
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    target_mpp = MAGNIFICATIONS[magnification]
+    weights_dir = Path(cfg.weights_dir).resolve()
+    revision = None
+    tasks, sizes = [], []
+    root = features_dir(data_dir).resolve()
+    for row in sections_to_extract(data_dir).itertuples():
+        table = read_section_table(data_dir, row.section_id)
+        placement = place_cells(
+            table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(dtype=float),
+            slide_size=(int(row.he_width_px), int(row.he_height_px)), slide_mpp=float(row.he_mpp),
+            target_mpp=target_mpp, input_size=spec.input_size)
+        revision = revision or _encoder_revision(spec, weights_dir, cfg.device)
+        expected = expected_sidecar(encoder=spec.name, revision=revision, magnification=magnification,
+                                    target_mpp=target_mpp, tiling=placement.tiling_record(),
+                                    code_version=f"{__version__}+features{FEATURE_CODE_VERSION}",
+                                    cell_ids=table.obs_names.to_numpy())
+        slide = (raw_dir(data_dir) / row.raw_folder / row.he_image).resolve()
+        sizes.append((row.section_id, table.n_obs, len(set(placement.patch_index))))
+        tasks.append(Task(f"extract-{spec.slug}-{magnification}-{row.section_id}", extract_section,
+                          (cfg, weights_dir, spec, slide, float(row.he_mpp), placement, expected,
+                           f"{spec.slug} {magnification} {row.section_id}"),
+                          artifact_dir(root, spec.slug, magnification, row.section_id),
+                          is_complete=partial(is_complete, expected=expected), gpu=cfg.device == "cuda"))
+    stale = prune_other_folders(root / spec.slug / magnification, {section_id for section_id, _, _ in sizes})
+    outcomes = run_tasks(tasks, params.executor)
+    remove_stale_temporaries(root / spec.slug / magnification)  # left by a worker that died while writing
+    done, computed = [], []
+    for (section_id, n_cells, n_patches), outcome in zip(sizes, outcomes):
+        (computed if outcome.computed else done).append(section_id)
+        if outcome.computed:
+            log.info("extract %s %s %s: %d cells, %d patches in %.1f s", spec.slug, magnification, section_id,
+                     n_cells, n_patches, outcome.seconds)
+    if computed:  # per-patch costs for `cellpath plan` (the work folder: no stage output)
+        from cellpath.shards import work_dir
+
+        timing = {"encoder": spec.slug, "magnification": magnification, "device": cfg.device,
+                  "batch_size": cfg.batch_size, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                  "executor": params.executor.backend, "workers": params.executor.workers,
+                  "sections": [{"section_id": section_id, "cells": n_cells, "patches": n_patches,
+                                "seconds": round(outcome.seconds, 3)}
+                               for (section_id, n_cells, n_patches), outcome in zip(sizes, outcomes)
+                               if outcome.computed]}
+        with atomic_output(work_dir(data_dir, "extract") / f"{spec.slug}-{magnification}.timing.json") as tmp:
+            tmp.write_text(json.dumps(timing, indent=2) + "\n")
+    log.info("extract %s %s: %d section(s) computed, %d reused, %d stale removed", spec.slug, magnification,
+             len(computed), len(done), len(stale))
+    return {"computed": computed, "reused": done, "removed": stale}
+
+
+@lru_cache(maxsize=1)
+def _cached_encoder(spec_json: str, weights_dir: Path, device: str):
+    """The encoder of a process, loaded once for all the sections (tasks) this process extracts."""
+    from cellpath.encoders.loading import load_encoder
+    from cellpath.encoders.registry import EncoderSpec
+
+    return load_encoder(EncoderSpec.model_validate_json(spec_json), weights_dir=weights_dir, device=device)
+
+
+def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
+    """The revision load_encoder records for ``spec``, without loading a hub model's weights here."""
+    from cellpath.encoders.loading import find_weights
+
+    if spec.loader == "timm":
+        return find_weights(spec, weights_dir=weights_dir).revision
+    return _cached_encoder(spec.model_dump_json(), weights_dir, device).revision  # offline: cheap to build
+
+
+def extract_section(out: Path, cfg, weights_dir: Path, spec, slide: Path, slide_mpp: float, placement, expected: dict,
+                    progress: str) -> None:
+    """Task: one section's base readouts and sidecar, as the feature artifact folder ``out``."""
+    from cellpath import feature_store
+    from cellpath.features import extract_cells
+    from cellpath.wsi import open_slide
+
+    encoder = _cached_encoder(spec.model_dump_json(), weights_dir, cfg.device)
+    if encoder.revision != expected["revision"]:
+        raise InputError(f"{spec.name}: the weights changed during extraction (revision {encoder.revision}, "
+                         f"expected {expected['revision']}); rerun the extract stage", path=weights_dir)
+    readouts = extract_cells(encoder, open_slide(slide, mpp=slide_mpp), placement, batch_size=cfg.batch_size,
+                             progress=progress)
+    feature_store.write_artifact(out, readouts, expected | {"weights": encoder.weights,
+                                                            "n_patches": int(len(set(placement.patch_index)))})
