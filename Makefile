@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make run    build .venv from the pinned constraints, then `dvc repro` on the embedded default
-#   make test   the same install, then the whole test suite
+#   make test   the same install, then the whole test suite (what CI runs)
+# a quicker loop while working (the slow `dvc repro` pipeline tests left out):
+#   make test-fast
 # and one to look at the tracked runs:
 #   make ui     the MLflow UI on http://127.0.0.1:$(UI_PORT) against the project's store
 PYTHON ?= python3
@@ -12,7 +14,7 @@ MLFLOW_URI ?= sqlite:///mlflow.db
 UI_PORT ?= 5000
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install run test ui bench clean-venv
+.PHONY: install run test test-fast ui bench clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +33,11 @@ run: install
 test: install
 	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
+
+test-fast: install
+	@start=$$(date +%s); HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s without the slow pipeline tests (make test runs them)"; \
+	exit $$rc
 
 # Loopback only: the UI has no authentication. Use another URI for a remote store: make ui MLFLOW_URI=...
 ui: install

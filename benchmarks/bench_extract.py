@@ -24,7 +24,8 @@ import torch
 from cellpath.config import load_params
 from cellpath.encoders.loading import load_encoder
 from cellpath.encoders.registry import load_registry
-from cellpath.features import MAGNIFICATIONS, extract_cells, place_cells, read_patches
+from cellpath.features import extract_cells, place_cells, read_patches
+from cellpath.vocabulary import MAGNIFICATION_MPP
 from cellpath.sections import read_section_index, read_section_table
 from cellpath.wsi import open_slide
 
@@ -46,7 +47,7 @@ def main() -> None:
     table = read_section_table(data, row["section_id"])
     placement = place_cells(table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(float),
                             slide_size=(int(row["he_width_px"]), int(row["he_height_px"])),
-                            slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATIONS[args.magnification],
+                            slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATION_MPP[args.magnification],
                             input_size=spec.input_size)
     encoder = load_encoder(spec, weights_dir=ROOT / params.extract.weights_dir)
     slide = open_slide(data / "raw" / row["raw_folder"] / row["he_image"], mpp=float(row["he_mpp"]))

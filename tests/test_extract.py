@@ -10,7 +10,8 @@ import torch
 from cellpath.encoders.loading import Encoder
 from cellpath.encoders.registry import load_registry
 from cellpath.feature_store import artifact_dir, read_artifact
-from cellpath.features import MAGNIFICATIONS, place_cells, read_patches
+from cellpath.features import place_cells, read_patches
+from cellpath.vocabulary import MAGNIFICATION_MPP
 from cellpath.readouts import available_readouts
 from cellpath.stages.extract import run as run_extract
 from cellpath.wsi import open_slide
@@ -43,7 +44,7 @@ def _slide_with_dot(path, dot_um: tuple[float, float], size_px: int = 1500) -> N
                      metadata={"axes": "YXS", "PhysicalSizeX": SLIDE_MPP, "PhysicalSizeY": SLIDE_MPP})
 
 
-@pytest.mark.parametrize("magnification", list(MAGNIFICATIONS))
+@pytest.mark.parametrize("magnification", list(MAGNIFICATION_MPP))
 @pytest.mark.parametrize("dot_um", [(101.3, 57.9), (250.0, 301.7), (37.0, 212.4)])
 def test_a_dot_at_a_known_position_lands_in_the_cells_token(tmp_path, magnification, dot_um):
     path = tmp_path / "dot.ome.tif"
@@ -52,7 +53,7 @@ def test_a_dot_at_a_known_position_lands_in_the_cells_token(tmp_path, magnificat
     encoder = Encoder(spec=spec, module=DarknessTokens(), device=torch.device("cpu"), weights="test", revision="t")
     xy_px = np.array([[dot_um[0] / SLIDE_MPP, dot_um[1] / SLIDE_MPP]])
     placement = place_cells(xy_px, np.array([12.0]), slide_size=(1500, 1500), slide_mpp=SLIDE_MPP,
-                            target_mpp=MAGNIFICATIONS[magnification], input_size=224)
+                            target_mpp=MAGNIFICATION_MPP[magnification], input_size=224)
     patch = read_patches(open_slide(path), placement.grid, placement.patch_index)
     _, grid = encoder.forward_tokens(patch)
     darkest = np.unravel_index(int(grid[0, ..., 0].argmax()), grid.shape[1:3])  # (row, col)

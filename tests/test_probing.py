@@ -8,7 +8,7 @@ import pytest
 
 from cellpath.config import ProbeConfig
 from cellpath.probing import class_codes, plan_runs
-from cellpath.protocols import PROTOCOLS
+from cellpath.vocabulary import PROTOCOLS
 
 
 def _cells(seed: int = 0) -> pd.DataFrame:

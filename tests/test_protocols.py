@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cellpath.protocols import PROTOCOLS, gate_classes, make_splits, mocv_manifest, protocol_units
+from cellpath.protocols import gate_classes, make_splits, mocv_manifest, protocol_units
+from cellpath.vocabulary import PROTOCOLS
 from cellpath.run_plan import count_runs
 from conftest import PROJECT_ROOT
 

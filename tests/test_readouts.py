@@ -14,7 +14,6 @@ import torch.nn.functional as F  # noqa: E402
 
 from cellpath.encoders.registry import load_registry  # noqa: E402
 from cellpath.readouts import (  # noqa: E402
-    READOUTS,
     available_readouts,
     cls_readout,
     compose_readout,
@@ -22,6 +21,7 @@ from cellpath.readouts import (  # noqa: E402
     mean_readout,
     nuclear_readout,
 )
+from cellpath.vocabulary import READOUTS  # noqa: E402
 
 REGISTRY_PATH = Path(__file__).resolve().parents[1] / "models" / "encoders.yaml"
 

@@ -17,6 +17,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cellpath.errors import ConfigError, Problem
+from cellpath.vocabulary import (MAGNIFICATIONS, PROTOCOLS, READOUTS, MagnificationName, ProtocolChoice, ProtocolName,
+                                 ReadoutName, TaxonomyName)
 
 # Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
 SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
@@ -135,7 +137,7 @@ class ExtractConfig(_Strict):
     """Frozen-encoder feature extraction (the ``extract`` stage, a DVC matrix encoder × magnification)."""
 
     encoders: Annotated[list[str], Field(min_length=1)] = ["random-vit-t16", "filterbank-dense"]
-    magnifications: Annotated[list[Literal["40x", "20x", "10x"]], Field(min_length=1)] = ["40x", "20x", "10x"]
+    magnifications: Annotated[list[MagnificationName], Field(min_length=1)] = list(MAGNIFICATIONS)
     registry: Path = Path("models/encoders.yaml")
     weights_dir: Path = Path("models")
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
@@ -143,9 +145,6 @@ class ExtractConfig(_Strict):
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
 
 
-ProtocolName = Literal["is", "iocd", "mocv", "looo"]
-TaxonomyName = Literal["fine", "coarse"]
-ReadoutName = Literal["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
 
 
 class ClassGate(_Strict):
@@ -159,8 +158,8 @@ class ProbeConfig(_Strict):
     """Linear probes under the four protocols (the ``probe`` stage). Paper values in comments."""
 
     taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
-    readouts: Annotated[list[ReadoutName], Field(min_length=1)] = ["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
-    magnifications: list[Literal["40x", "20x", "10x"]] | None = None  # None: every extract.magnifications
+    readouts: Annotated[list[ReadoutName], Field(min_length=1)] = list(READOUTS)
+    magnifications: list[MagnificationName] | None = None  # None: every extract.magnifications
     seeds: dict[ProtocolName, Annotated[int, Field(ge=1, le=100)]] = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
     mocv_folds: Annotated[int, Field(ge=2, le=50)] = 5
     is_roi_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
@@ -179,7 +178,7 @@ class ProbeConfig(_Strict):
 
     @model_validator(mode="after")
     def _every_protocol_has_seeds(self) -> "ProbeConfig":
-        missing = [p for p in ("is", "iocd", "mocv", "looo") if p not in self.seeds]
+        missing = [p for p in PROTOCOLS if p not in self.seeds]
         if missing:
             raise ValueError(f"seeds needs a count for every protocol; missing: {', '.join(missing)}")
         return self
@@ -227,7 +226,7 @@ class RobustnessConfig(_Strict):
 
     taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
     readouts: Annotated[list[ReadoutName], Field(min_length=1)] = ["Nuc", "Mean"]
-    magnifications: list[Literal["40x", "20x", "10x"]] | None = None  # None: every extract.magnifications
+    magnifications: list[MagnificationName] | None = None  # None: every extract.magnifications
     confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch a cell came from
     scopes: Annotated[list[Literal["panel", "organ"]], Field(min_length=1)] = ["panel"]  # organ: within each organ
     group: Literal["patch", "tile"] = "patch"  # never a neighbour of itself: the encoder patch, or a spatial tile
@@ -292,7 +291,7 @@ class Params(_Strict):
     concordance: ConcordanceConfig = ConcordanceConfig()
     panel: Annotated[str, Field(pattern=r"^S[0-9]+$")] = "S12"
     extract: ExtractConfig = ExtractConfig()
-    protocol: Literal["all", "is", "iocd", "mocv", "looo"] = "all"
+    protocol: ProtocolChoice = "all"
     probe: ProbeConfig = ProbeConfig()
     robustness: RobustnessConfig = RobustnessConfig()
     report: ReportConfig = ReportConfig()
@@ -302,7 +301,7 @@ class Params(_Strict):
     @property
     def protocols(self) -> tuple[str, ...]:
         """The protocols the probe stage runs (``protocol: all`` → all four, in the paper's order)."""
-        return ("is", "iocd", "mocv", "looo") if self.protocol == "all" else (self.protocol,)
+        return PROTOCOLS if self.protocol == "all" else (self.protocol,)
 
     def stage_magnifications(self, chosen: list[str] | None) -> list[str]:
         """A stage's magnifications: ``chosen`` (validated ⊆ extract.magnifications) or all extracted."""

@@ -21,7 +21,6 @@ from cellpath.encoders.loading import Encoder
 from cellpath.readouts import cls_readout, mean_readout, nuclear_readout
 from cellpath.tiling import PatchGrid, assign_cells, patch_grid, patch_origins_level0
 
-MAGNIFICATIONS: dict[str, float] = {"40x": 0.25, "20x": 0.5, "10x": 1.0}  # label → target µm/px
 FEATURE_CODE_VERSION = "1"  # bump when tiling, reading or readouts change what is stored
 GLASS_PAD = 255
 

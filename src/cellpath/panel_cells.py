@@ -124,7 +124,8 @@ def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnif
     at ``magnification`` for encoders with ``input_size`` px patches: the placement extraction uses
     (:func:`cellpath.features.place_cells`), recomputed from the section's geometry. Cells with the
     same id share every patch-level readout (Mean, Cls)."""
-    from cellpath.features import MAGNIFICATIONS, place_cells
+    from cellpath.features import place_cells
+    from cellpath.vocabulary import MAGNIFICATION_MPP
 
     index = read_section_index(data_dir).set_index("section_id")
     parts = []
@@ -133,7 +134,7 @@ def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnif
         geometry = index.loc[section_id]
         placement = place_cells(obs[["he_x_px", "he_y_px"]].to_numpy(), obs["nucleus_area"].to_numpy(dtype=float),
                                 slide_size=(int(geometry["he_width_px"]), int(geometry["he_height_px"])),
-                                slide_mpp=float(geometry["he_mpp"]), target_mpp=MAGNIFICATIONS[magnification],
+                                slide_mpp=float(geometry["he_mpp"]), target_mpp=MAGNIFICATION_MPP[magnification],
                                 input_size=input_size)
         parts.append(np.char.add(f"{section_id}:", placement.patch_index[rows].astype(str)))
     return np.concatenate(parts) if parts else np.array([], dtype=str)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-PROTOCOLS = ("is", "iocd", "mocv", "looo")
+from cellpath.vocabulary import PROTOCOLS
+
 
 
 @dataclass(frozen=True)

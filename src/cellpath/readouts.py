@@ -18,9 +18,8 @@ import numpy as np
 import torch
 
 from cellpath.encoders.registry import EncoderSpec
+from cellpath.vocabulary import CLS_READOUTS, READOUTS
 
-READOUTS = ("Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C")
-CLS_READOUTS = frozenset({"Cls", "N+C", "N||C"})
 # readout → (global readout fused with Nuc, fusion kind); base readouts are absent.
 FUSIONS: dict[str, tuple[str, Literal["sum", "concat"]]] = {
     "N+M": ("Mean", "sum"), "N+C": ("Cls", "sum"), "N||M": ("Mean", "concat"), "N||C": ("Cls", "concat"),
@@ -106,9 +105,14 @@ def fuse(nuc: Array, other: Array, kind: Literal["sum", "concat"]) -> Array:
     raise ValueError(f"fusion kind must be 'sum' or 'concat', got {kind!r}")
 
 
+def readout_available(spec: EncoderSpec, readout: str) -> bool:
+    """Whether ``readout`` is defined for ``spec``: every readout but the Cls ones needs no CLS token."""
+    return spec.has_cls or readout not in CLS_READOUTS
+
+
 def available_readouts(spec: EncoderSpec) -> tuple[str, ...]:
     """The readouts defined for ``spec``: all seven, or the four without Cls for CLS-less encoders."""
-    return READOUTS if spec.has_cls else tuple(r for r in READOUTS if r not in CLS_READOUTS)
+    return tuple(r for r in READOUTS if readout_available(spec, r))
 
 
 def compose_readout(readout: str, nuc: Array, mean: Array, cls: Array | None = None) -> Array:

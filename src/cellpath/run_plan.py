@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from cellpath.protocols import PROTOCOLS, protocol_units
+from cellpath.protocols import protocol_units
+from cellpath.vocabulary import CLS_READOUTS, PROTOCOLS, READOUTS
 
-READOUTS = ("Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C")
-CLS_READOUTS = frozenset({"Cls", "N+C", "N||C"})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS
+
 CONDITION = ["model", "magnification", "readout", "taxonomy", "protocol"]
 
 
@@ -199,9 +201,9 @@ def cell_representation_transferability(wins: pd.DataFrame, *, taxonomy: str = "
                                         magnification: str = "20x") -> pd.DataFrame:
     """CRT per model: mean of its IOCD, MOCV and LOOO win counts in one condition."""
     chosen = wins[(wins["taxonomy"] == taxonomy) & (wins["readout"] == readout)
-                  & (wins["magnification"] == magnification) & wins["protocol"].isin(["iocd", "mocv", "looo"])]
+                  & (wins["magnification"] == magnification) & wins["protocol"].isin(CROSS_DOMAIN_PROTOCOLS)]
     table = chosen.pivot_table(index="model", columns="protocol", values="wins", aggfunc="first")
-    table = table.reindex(columns=["iocd", "mocv", "looo"])
+    table = table.reindex(columns=list(CROSS_DOMAIN_PROTOCOLS))
     return table.assign(crt=table.mean(axis=1, skipna=False)).reset_index()
 
 

@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cellpath.report.tables import PROTOCOL_NAMES, pareto_frontier  # noqa: E402
+from cellpath.report.tables import pareto_frontier  # noqa: E402
+from cellpath.vocabulary import PROTOCOL_LABELS  # noqa: E402
 
 DPI = 110
 plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
@@ -82,7 +83,7 @@ def landscape(data: pd.DataFrame) -> bytes:
 
 def taxonomy_effect(table: pd.DataFrame) -> bytes:
     """Fig. 3a-b from ``tables.taxonomy_effect``: Tfine vs Tcoarse Macro-F1 per protocol, and ranks."""
-    protocols = [p for p in PROTOCOL_NAMES if p in set(table["protocol"])]
+    protocols = [p for p in PROTOCOL_LABELS if p in set(table["protocol"])]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
     colours = _model_colours(table["model"].unique())
     for j, protocol in enumerate(protocols):
@@ -90,8 +91,8 @@ def taxonomy_effect(table: pd.DataFrame) -> bytes:
         for _, row in rows.iterrows():
             a.plot([j - 0.15, j + 0.15], [row["fine"] * 100, row["coarse"] * 100], color=colours[row["model"]],
                    marker="o", lw=0.8)
-        b.scatter(rows["fine rank"], rows["coarse rank"], label=PROTOCOL_NAMES[protocol], alpha=0.8)
-    a.set_xticks(range(len(protocols)), [PROTOCOL_NAMES[p] for p in protocols])
+        b.scatter(rows["fine rank"], rows["coarse rank"], label=PROTOCOL_LABELS[protocol], alpha=0.8)
+    a.set_xticks(range(len(protocols)), [PROTOCOL_LABELS[p] for p in protocols])
     a.set_xlabel("each line: one model, Tfine (left) → Tcoarse (right)")
     a.set_ylabel("Nuc Macro-F1 (pp)")
     a.set_title("(a) taxonomy")
@@ -114,12 +115,12 @@ def _lines_by_model(ax: plt.Axes, table: pd.DataFrame, columns: list[str], colou
 def per_protocol_lines(table: pd.DataFrame, columns: list[str], ylabel: str, title: str) -> bytes:
     """Fig. 3c/3d from ``tables.readout_effect`` / ``magnification_effect``: one panel per protocol,
     one line per model across ``columns``."""
-    protocols = [p for p in PROTOCOL_NAMES if p in set(table["protocol"])]
+    protocols = [p for p in PROTOCOL_LABELS if p in set(table["protocol"])]
     fig, axes = plt.subplots(1, len(protocols), figsize=(2.6 * len(protocols) + 1, 3.2), sharey=True, squeeze=False)
     colours = _model_colours(table["model"].unique())
     for ax, protocol in zip(axes[0], protocols):
         _lines_by_model(ax, table[table["protocol"] == protocol], columns, colours)
-        ax.set_title(PROTOCOL_NAMES[protocol])
+        ax.set_title(PROTOCOL_LABELS[protocol])
         ax.tick_params(axis="x", labelrotation=45 if len(columns) > 3 else 0)
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))

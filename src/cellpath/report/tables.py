@@ -14,10 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-READOUTS = ["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
-PROTOCOLS = ["is", "iocd", "mocv", "looo"]
-CROSS_DOMAIN = ["iocd", "mocv", "looo"]
-PROTOCOL_NAMES = {"is": "IS", "iocd": "IOCD", "mocv": "MOCV", "looo": "LOOO"}
+from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS, PROTOCOL_LABELS, PROTOCOLS, READOUTS
+
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}
 
 
@@ -57,8 +55,8 @@ def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame,
     frame = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
     for protocol in PROTOCOLS:
         rows = chosen[chosen["protocol"] == protocol].set_index("model")
-        frame[f"{PROTOCOL_NAMES[protocol]} mean"] = rows["mean"].reindex(frame.index)
-        frame[f"{PROTOCOL_NAMES[protocol]} sd"] = rows["sd"].reindex(frame.index)
+        frame[f"{PROTOCOL_LABELS[protocol]} mean"] = rows["mean"].reindex(frame.index)
+        frame[f"{PROTOCOL_LABELS[protocol]} sd"] = rows["sd"].reindex(frame.index)
     pooled = _pick(cra_pooled, magnification=magnification, metric="macro_f1").set_index("model")
     frame["CRA"] = pooled["cra"].reindex(frame.index)
     frame["CRT"] = crt.set_index("model")["crt"].reindex(frame.index)
@@ -106,8 +104,8 @@ def cross_domain_table(summary: pd.DataFrame, wins: pd.DataFrame, crt: pd.DataFr
                        taxonomy: str = "fine") -> pd.DataFrame:
     """Table 5: Nuc Macro-F1 and Macro-AUROC (mean, sd) and Macro-F1 wins per cross-domain protocol, and CRT."""
     table = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
-    for protocol in CROSS_DOMAIN:
-        name = PROTOCOL_NAMES[protocol]
+    for protocol in CROSS_DOMAIN_PROTOCOLS:
+        name = PROTOCOL_LABELS[protocol]
         for metric, label in (("macro_f1", "F1"), ("macro_auroc", "AUROC")):
             rows = _pick(summary, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
                          metric=metric).set_index("model")

@@ -27,7 +27,8 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
     from cellpath.encoders.registry import load_registry
     from cellpath.executor import Task, run_tasks
     from cellpath.feature_store import artifact_dir, expected_sidecar, is_complete
-    from cellpath.features import FEATURE_CODE_VERSION, MAGNIFICATIONS, place_cells
+    from cellpath.features import FEATURE_CODE_VERSION, place_cells
+    from cellpath.vocabulary import MAGNIFICATION_MPP
 
     cfg = params.extract
     registry = load_registry(cfg.registry)
@@ -37,11 +38,11 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
         hint = f"; use its slug {registry[encoder_name].slug!r} (it names the DVC output folder)" \
             if encoder_name in registry else f"; known: {', '.join(sorted(by_slug))}"
         raise InputError(f"extract.encoders: unknown encoder slug {encoder_name!r}{hint}", path=cfg.registry)
-    if magnification not in MAGNIFICATIONS:
-        raise InputError(f"unknown magnification {magnification!r}; valid: {', '.join(MAGNIFICATIONS)}")
+    if magnification not in MAGNIFICATION_MPP:
+        raise InputError(f"unknown magnification {magnification!r}; valid: {', '.join(MAGNIFICATION_MPP)}")
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    target_mpp = MAGNIFICATIONS[magnification]
+    target_mpp = MAGNIFICATION_MPP[magnification]
     weights_dir = Path(cfg.weights_dir).resolve()
     revision = None
     tasks, sizes = [], []

@@ -19,9 +19,10 @@ import pandas as pd
 
 from cellpath.config import Params, parse_params
 from cellpath.encoders.registry import EncoderSpec, load_registry
-from cellpath.readouts import CLS_READOUTS
-from cellpath.run_plan import READOUTS, count_runs
+from cellpath.readouts import readout_available
+from cellpath.run_plan import count_runs
 from cellpath.selection import evaluated_encoders
+from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATIONS, READOUTS
 
 PAPER_TABLE_3 = {"is": 157_500, "iocd": 86_940, "mocv": 18_900, "looo": 41_580}  # CellPath-Bench, Table 3
 PAPER_RUNS = 304_920
@@ -34,7 +35,7 @@ def paper_params(params: Params) -> Params:
     data = params.model_dump(mode="json")
     registry = load_registry(params.extract.registry)
     data["extract"].update(encoders=[s.slug for s in registry.values() if s.type != "control"],
-                           magnifications=["40x", "20x", "10x"])
+                           magnifications=list(MAGNIFICATIONS))
     data["concordance"]["panel_sizes"] = [10, 15, 20, 25]
     data.update(panel="S25", protocol="all", source="10x")
     data["probe"].update(taxonomies=["fine", "coarse"], readouts=list(READOUTS), magnifications=None,
@@ -108,7 +109,8 @@ def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification
     if data_dir is None or not (data_dir / "sections" / "sections.csv").is_file():
         return None
     index_path = data_dir / "sections" / "sections.csv"
-    from cellpath.features import MAGNIFICATIONS, place_cells
+    from cellpath.features import place_cells
+    from cellpath.vocabulary import MAGNIFICATION_MPP
     from cellpath.sections import read_section_table
 
     index = pd.read_csv(index_path).set_index("section_id")
@@ -120,7 +122,7 @@ def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification
         obs = read_section_table(data_dir, section["section_id"]).obs
         placement = place_cells(obs[["he_x_px", "he_y_px"]].to_numpy(), obs["nucleus_area"].to_numpy(dtype=float),
                                 slide_size=(int(row["he_width_px"]), int(row["he_height_px"])),
-                                slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATIONS[magnification],
+                                slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATION_MPP[magnification],
                                 input_size=spec.input_size)
         total += len(set(placement.patch_index))
     return total
@@ -220,7 +222,7 @@ def robustness_conditions(params: Params, encoders: list[EncoderSpec], panel: di
             continue
         per_organ = sections.groupby("organ").agg(n=("section_id", "size"), cells=("cells", "sum"))
         units += [int(row.cells * n_panel / sections["cells"].sum()) for row in per_organ.itertuples() if row.n >= 2]
-    models = sum(1 for readout in cfg.readouts for s in encoders if s.has_cls or readout not in CLS_READOUTS)
+    models = sum(1 for readout in cfg.readouts for s in encoders if readout_available(s, readout))
     repeats = models * len(params.stage_magnifications(cfg.magnifications)) * len(cfg.taxonomies)
     return units * repeats
 

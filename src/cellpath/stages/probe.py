@@ -32,7 +32,7 @@ from cellpath.panel_cells import (PanelCells, encoder_patch_ids, load_base_reado
                                   panel_sections, readout_matrix)
 from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.protocols import IS_EXCLUSION_RULES
-from cellpath.readouts import CLS_READOUTS
+from cellpath.readouts import readout_available
 from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
@@ -58,7 +58,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
              for magnification in magnifications}
     unavailable = {p: 0 for p in params.protocols}
     for spec in encoders:
-        missing = sum(1 for readout in cfg.readouts if readout in CLS_READOUTS and not spec.has_cls)
+        missing = sum(1 for readout in cfg.readouts if not readout_available(spec, readout))
         for by_taxonomy in plans.values():
             for runs in by_taxonomy.values():
                 for run in runs:
@@ -148,7 +148,7 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
     features = Path(data_dir).resolve() / "features"
     tasks = []
     for spec in encoders:
-        if not any(spec.has_cls or readout not in CLS_READOUTS for readout in cfg.readouts):
+        if not any(readout_available(spec, readout) for readout in cfg.readouts):
             continue
         for magnification in magnifications:
             inputs = file_fingerprint([artifact_dir(features, spec.slug, magnification, section_id)
@@ -168,7 +168,7 @@ def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, mag
     base = load_base_readouts(features, spec.slug, magnification, panel)
     frames = []
     for readout in cfg.readouts:
-        if readout in CLS_READOUTS and not spec.has_cls:
+        if not readout_available(spec, readout):
             continue
         x = readout_matrix(base, readout)
         for runs in plans[magnification].values():

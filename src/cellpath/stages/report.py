@@ -28,13 +28,13 @@ from cellpath.report.render import Table, render_html
 from cellpath.report.thumbnails import section_thumbnail
 from cellpath.sections import read_section_index
 from cellpath.tracking import provenance_tags
+from cellpath.vocabulary import TAXONOMY_LABELS
 
 log = logging.getLogger(__name__)
 
 PROBE_FILES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement", "is_panels", "cra_panels"]
 ROBUSTNESS_FILES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary", "agreement",
                     "sensitivity_agreement"]
-TAXONOMY_NAMES = {"fine": "Tfine", "coarse": "Tcoarse"}
 
 GLOSSARY = [
     ("Macro-F1, Macro-AUROC, Macro-AUPRC",
@@ -132,11 +132,11 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
             numeric = tables.is_readout_table(probe["is_panels"], probe["cra_panels"], panel, magnification, taxonomy)
             out[f"is_{taxonomy}_{magnification}"] = _table(
                 f"is_{taxonomy}_{magnification}",
-                f"IS, all readouts — {panel}, {TAXONOMY_NAMES[taxonomy]}, {magnification}", IS_CAPTION, numeric)
+                f"IS, all readouts — {panel}, {TAXONOMY_LABELS[taxonomy]}, {magnification}", IS_CAPTION, numeric)
     for smaller in sorted(set(probe["is_panels"]["panel"]) - {panel}, key=lambda name: -int(name[1:])):
         for taxonomy in ("fine", "coarse"):
             name = f"is_{taxonomy}_{headline}_{smaller}"
-            out[name] = _table(name, f"IS, all readouts — nested panel {smaller}, {TAXONOMY_NAMES[taxonomy]}, {headline}",
+            out[name] = _table(name, f"IS, all readouts — nested panel {smaller}, {TAXONOMY_LABELS[taxonomy]}, {headline}",
                                IS_CAPTION + " Computed from this panel's sections alone (IS needs no refit).",
                                tables.is_readout_table(probe["is_panels"], probe["cra_panels"], smaller, headline,
                                                        taxonomy))
@@ -146,7 +146,7 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         probe["is_panels"].set_index("model"), percent_pairs=False, percent_columns=())
     for taxonomy in ("fine", "coarse"):
         out[f"cross_domain_{taxonomy}"] = _table(
-            f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_NAMES[taxonomy]}, {headline}",
+            f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_LABELS[taxonomy]}, {headline}",
             "Nuc Macro-F1 and Macro-AUROC (mean ± SD, pp) per protocol; wins: Macro-F1 significant wins; CRT: "
             "mean of the three Tfine win counts (Eq. 5).",
             tables.cross_domain_table(probe["summary"], probe["wins"], probe["crt"], headline, taxonomy))

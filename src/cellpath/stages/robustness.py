@@ -40,11 +40,11 @@ from cellpath.errors import ConfigError
 from cellpath.executor import Task, run_tasks, thread_settings
 from cellpath.feature_store import artifact_dir
 from cellpath.panel_cells import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.selection import evaluated_encoders, headline_magnification
-from cellpath.readouts import CLS_READOUTS
+from cellpath.readouts import readout_available
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
 from cellpath.robustness.shortcut import split_levels, sweep_tables
+from cellpath.selection import evaluated_encoders, headline_magnification
 from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
                              work_dir, write_context)
 from cellpath.tracking import Tracker, flat_metrics
@@ -89,7 +89,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
         raise ConfigError(f"robustness.confounder: {cfg.confounder!r} has a single level in panel {params.panel}; "
                           "robustness needs at least two")
     skipped = len(magnifications) * sum(1 for readout in cfg.readouts for spec in encoders
-                                        if readout in CLS_READOUTS and not spec.has_cls)
+                                        if not readout_available(spec, readout))
     context, tasks, shortcut_tasks = robustness_tasks(params, data_dir, panel, encoders, magnifications)
     tracker = Tracker(params.mlflow, "robustness", root)
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
@@ -166,7 +166,7 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
     tasks = []
     for magnification in magnifications:
         for readout in cfg.readouts:
-            usable = [s for s in encoders if s.has_cls or readout not in CLS_READOUTS]
+            usable = [s for s in encoders if readout_available(s, readout)]
             if usable:
                 tasks.append(task(f"{magnification} {readout}", robustness_shard, (usable, magnification, readout, cfg),
                                   usable, magnification, readout=readout))
@@ -189,7 +189,7 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
     shortcut_tasks = [task(f"shortcut {spec.slug} {headline}", shortcut_shard,
                            (spec, headline, cfg, params.seed, train_levels), [spec], headline, seed=params.seed,
                            train_levels=train_levels)
-                      for spec in encoders if spec.has_cls or shortcut.readout not in CLS_READOUTS]
+                      for spec in encoders if readout_available(spec, shortcut.readout)]
     return context, tasks, shortcut_tasks
 
 

@@ -1,0 +1,37 @@
+"""The project's vocabulary, defined once: protocols, readouts, taxonomies and magnifications.
+
+The config's ``Literal`` types, the split code, the readout maths, the run counts and the report all
+take their names from here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+#: The four evaluation protocols (CellPath-Bench, Methods): in-section (IS), in-organ cross-domain
+#: (IOCD), multi-organ cross-validation (MOCV), leave-one-organ-out (LOOO).
+ProtocolName = Literal["is", "iocd", "mocv", "looo"]
+PROTOCOLS: tuple[ProtocolName, ...] = get_args(ProtocolName)
+#: The cross-domain protocols whose Tfine Nuc win counts average into CRT (Eq. 5).
+CROSS_DOMAIN_PROTOCOLS: tuple[ProtocolName, ...] = ("iocd", "mocv", "looo")
+PROTOCOL_LABELS: dict[str, str] = {"is": "IS", "iocd": "IOCD", "mocv": "MOCV", "looo": "LOOO"}
+#: params.yaml's ``protocol``: one of them, or all four.
+ProtocolChoice = Literal["all", "is", "iocd", "mocv", "looo"]
+assert get_args(ProtocolChoice)[1:] == PROTOCOLS, "ProtocolChoice must list PROTOCOLS after 'all'"
+
+#: Per-cell readouts: the nuclear token (Nuc), the patch mean (Mean), the CLS token (Cls), and their
+#: sums (+) and concatenations (||).
+ReadoutName = Literal["Nuc", "Mean", "Cls", "N+M", "N+C", "N||M", "N||C"]
+READOUTS: tuple[ReadoutName, ...] = get_args(ReadoutName)
+#: Readouts that need a CLS token (unavailable for encoders without one, and counted as such).
+CLS_READOUTS: frozenset[str] = frozenset({"Cls", "N+C", "N||C"})
+
+#: The two label taxonomies: 9-class Tfine and 3-class Tcoarse.
+TaxonomyName = Literal["fine", "coarse"]
+TAXONOMIES: tuple[TaxonomyName, ...] = get_args(TaxonomyName)
+TAXONOMY_LABELS: dict[str, str] = {"fine": "Tfine", "coarse": "Tcoarse"}
+
+#: Magnification labels and the target resolution each is read at (µm per pixel).
+MagnificationName = Literal["40x", "20x", "10x"]
+MAGNIFICATIONS: tuple[MagnificationName, ...] = get_args(MagnificationName)
+MAGNIFICATION_MPP: dict[str, float] = {"40x": 0.25, "20x": 0.5, "10x": 1.0}
