@@ -23,7 +23,6 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-PACKAGE = PACKAGE_DIR.name
 #: Data folders of the package that a module reads at run time (not imports): module → folder.
 RESOURCES = {"ontology.py": "data"}
 #: Numerical libraries whose versions enter a fingerprint: they change results as code does.
@@ -110,10 +109,10 @@ def stage_fingerprint(stage: str) -> dict[str, object]:
 
 
 def stage_names(root: Path = PACKAGE_DIR) -> list[str]:
-    """The commands of ``cli.py``'s ``STAGES`` table that have a handler of their own, in table order."""
+    """The commands of ``cli.py``'s ``STAGES`` table, in table order (each has a handler ``_<name>``)."""
     tree = ast.parse((root / "cli.py").read_text())
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        target = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(target, ast.Name) and target.id == "STAGES" and isinstance(node.value, ast.Dict):
             return [key.value for key in node.value.keys if isinstance(key, ast.Constant)]
     raise KeyError(f"{root / 'cli.py'} has no STAGES table")

@@ -163,7 +163,8 @@ def sweep_tables(n_confounders: int, n_classes: int, pool_size: int,
     return tables, realised
 
 
-def split_levels(levels: Sequence[str], train_levels: Sequence[str] | None, held_out: int) -> tuple[list[str], list[str]]:
+def split_levels(levels: Sequence[str], train_levels: Sequence[str] | None,
+                 held_out: int) -> tuple[list[str], list[str]]:
     """The confounder levels trained on and held out: ``train_levels`` as given (each must be one of
     ``levels``), else every sorted level but the last ``held_out``. Raises ValueError naming the
     problem when a level is unknown or fewer than two are trained on."""
