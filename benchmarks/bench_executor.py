@@ -29,7 +29,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from cellpath.config import load_params, parse_params  # noqa: E402
-from cellpath.executor import Task, run_tasks  # noqa: E402
+from cellpath.runtime.executor import Task, run_tasks  # noqa: E402
 from cellpath.stages.probe import run as run_probe_stage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def dask_overhead(n_tasks: int, folder: Path) -> dict:
     in_process = (time.perf_counter() - started) / n_tasks
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         running = executor(backend="dask", address=cluster.scheduler_address)
-        run_tasks(tasks("warm-up")[:2], running)  # the workers import cellpath.executor and torch once
+        run_tasks(tasks("warm-up")[:2], running)  # the workers import cellpath.runtime.executor and torch once
         started = time.perf_counter()
         run_tasks(tasks("dask"), running)
         through_dask = (time.perf_counter() - started) / n_tasks

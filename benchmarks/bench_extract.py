@@ -22,12 +22,14 @@ import numpy as np
 import torch
 
 from cellpath.config import load_params
-from cellpath.encoders.loading import load_encoder
-from cellpath.encoders.registry import load_registry
-from cellpath.features import extract_cells, place_cells, read_patches
+from cellpath.features.encoders.loading import load_encoder
+from cellpath.features.encoders.registry import load_registry
+from cellpath.features.extract import extract_cells, read_patches
+from cellpath.features.tiling import place_section_cells
+from cellpath.io.layout import raw_dir
+from cellpath.io.sections import read_section_index, read_section_table
+from cellpath.io.wsi import open_slide
 from cellpath.vocabulary import MAGNIFICATION_MPP
-from cellpath.sections import read_section_index, read_section_table
-from cellpath.wsi import open_slide
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,12 +47,10 @@ def main() -> None:
     row = index.iloc[0] if args.section is None else index.set_index("section_id").loc[args.section].to_dict() | {
         "section_id": args.section}
     table = read_section_table(data, row["section_id"])
-    placement = place_cells(table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(float),
-                            slide_size=(int(row["he_width_px"]), int(row["he_height_px"])),
-                            slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATION_MPP[args.magnification],
-                            input_size=spec.input_size)
+    placement = place_section_cells(table.obs, row, target_mpp=MAGNIFICATION_MPP[args.magnification],
+                                    input_size=spec.input_size)
     encoder = load_encoder(spec, weights_dir=ROOT / params.extract.weights_dir)
-    slide = open_slide(data / "raw" / row["raw_folder"] / row["he_image"], mpp=float(row["he_mpp"]))
+    slide = open_slide(raw_dir(data) / row["raw_folder"] / row["he_image"], mpp=float(row["he_mpp"]))
     batch = params.extract.batch_size
     patches = np.unique(placement.patch_index)
     encoder.forward_tokens(read_patches(slide, placement.grid, patches[:2]))  # warm-up

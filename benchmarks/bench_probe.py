@@ -43,14 +43,16 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from cellpath import probe
 from cellpath.config import load_params, parse_params
-from cellpath.panel_cells import load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.probe import ProbeTask, fit_tasks, macro_f1, standardised, standardiser
-from cellpath.stages.probe import plan_magnification, run as run_probe_stage
-from cellpath.probing import class_codes
-from cellpath.selection import evaluated_encoders
-from cellpath.tracking import Tracker
+from cellpath.features.encoders.registry import selected_encoders
+from cellpath.features.panel import load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.probing import fit as probe
+from cellpath.probing.fit import ProbeTask, fit_tasks, standardised, standardiser
+from cellpath.probing.plan import class_codes
+from cellpath.probing.scores import macro_f1
+from cellpath.runtime.tracking import Tracker
+from cellpath.stages.probe import plan_magnification
+from cellpath.stages.probe import run as run_probe_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW_BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -228,7 +230,8 @@ def main() -> None:
     params = load_params("params.yaml")
     cfg = params.probe
     c_grid, tol, max_iter = tuple(cfg.c_grid), cfg.tol, cfg.max_iter
-    spec = next(s for s in evaluated_encoders(params) if args.encoder in (s.name, s.slug))
+    evaluated = selected_encoders(params.extract.registry, params.extract.encoders)
+    spec = next(s for s in evaluated if args.encoder in (s.name, s.slug))
     panel = load_panel_cells(Path("data"), params.panel)
     x = readout_matrix(load_base_readouts(Path("data/features"), spec.slug, args.magnification, panel), "Nuc")
     plans = plan_magnification(params, Path("data"), panel, [spec], args.magnification)

@@ -36,11 +36,11 @@ import time
 import warnings
 from pathlib import Path
 
+import croma
 import faiss
 import numpy as np
 import pandas as pd
 
-import croma
 from cellpath.robustness import l2_normalise, score_embeddings
 from cellpath.robustness.neighbours import knn_excluding_groups, typed_neighbours
 

@@ -7,38 +7,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 
-from cellpath.config import Params, parse_params  # noqa: E402
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# The only time limit a test may set: a guard against a hang, far above any run on a slow, loaded
-# machine. No verdict depends on how fast anything runs.
-HANG_GUARD_S = 1800
-
-TINY_SECTIONS = [
-    {"section_id": "breast_a", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 2.0},
-    {"section_id": "breast_b", "organ": "Breast", "status": "Breast cancer", "registration_jitter_um": 0.0},
-    {"section_id": "tonsil_a", "organ": "Lymphoid", "status": "Lymphoid hyperplasia"},
-]
-
-
-def tiny_params(seed: int = 7, cells: int = 400, sections: list[dict] | None = None) -> Params:
-    """Params for a small panel: few cells, few genes, all else as in params.yaml."""
-    return parse_params({
-        "source": "synthetic",
-        "seed": seed,
-        "synthetic": {
-            "cells_per_section": cells,
-            "panel_genes": 300,
-            "reference_cells_per_type": 120,
-            "sections": sections or TINY_SECTIONS,
-        },
-        "concordance": {"panel_sizes": [1, 2, 3]},
-        "panel": "S3",
-    })
+from helpers.project import tiny_params  # noqa: E402
 
 
 @pytest.fixture
@@ -92,6 +63,6 @@ def tiny_features(tiny_panel, tmp_path_factory) -> dict:
 def tiny_dvc_run(tmp_path_factory) -> dict:
     """A tiny DVC project and one completed `dvc repro` of it, shared by the tests that run DVC itself
     (they copy it before changing anything)."""
-    from dvc_project import run_tiny_project
+    from helpers.dvc_project import run_tiny_project
 
     return run_tiny_project(tmp_path_factory.mktemp("tiny-dvc"))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cellpath.errors import CellPathError
+from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR
 
 log = logging.getLogger("cellpath")
 
@@ -150,10 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in STAGES.items():
         stage = sub.add_parser(name, help=help_text, description=help_text)
         stage.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
-        stage.add_argument("--data-dir", default="data", help="data folder (default: data)")
-        stage.add_argument("--reports-dir", default="reports", help="reports folder (default: reports)")
+        stage.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="data folder (default: %(default)s)")
+        stage.add_argument("--reports-dir", default=str(DEFAULT_REPORTS_DIR), help="reports folder (default: %(default)s)")
         if name == "extract":
-            stage.add_argument("--encoder", help="registry name or slug (default: every extract.encoders entry)")
+            stage.add_argument("--encoder", help="registry slug or name (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
         if name == "validate":
             stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")

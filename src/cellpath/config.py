@@ -17,6 +17,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cellpath.errors import ConfigError, Problem
+from cellpath.io.layout import DEFAULT_MANIFEST
 from cellpath.vocabulary import (MAGNIFICATIONS, PROTOCOLS, READOUTS, MagnificationName, ProtocolChoice, ProtocolName,
                                  ReadoutName, TaxonomyName)
 
@@ -98,7 +99,7 @@ class SyntheticConfig(_Strict):
 class TenxConfig(_Strict):
     """The real path: 10x Genomics Xenium bundles listed in a manifest with per-file URLs."""
 
-    manifest: Path = Path("data/manifests/xenium_datasets.csv")
+    manifest: Path = DEFAULT_MANIFEST
     sections: list[Annotated[str, Field(pattern=SECTION_ID_PATTERN)]] = []
     retries: Annotated[int, Field(ge=0, le=20)] = 3
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0

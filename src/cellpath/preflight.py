@@ -31,6 +31,7 @@ import yaml
 
 from cellpath.config import Params, params_problems
 from cellpath.errors import CellPathError, Problem
+from cellpath.io.layout import DEFAULT_DATA_DIR, references_dir
 
 SIMULATED_REFERENCE_LABEL_COLUMN = "cell_type"  # the obs column the simulator's references label cells in
 
@@ -44,7 +45,7 @@ class PlannedSection:
     he_image: str
 
 
-def check_project(params_path: Path, root: Path = Path("."), data_dir: Path = Path("data")) -> list[Problem]:
+def check_project(params_path: Path, root: Path = Path("."), data_dir: Path = DEFAULT_DATA_DIR) -> list[Problem]:
     """Every problem of ``params_path`` and of the files it points to (relative to ``root``)."""
     params_path = Path(params_path)
     if not params_path.is_file():
@@ -79,26 +80,21 @@ def _close(word: str, choices: list[str]) -> str:
 
 
 def _check_encoders(params: Params, root: Path) -> list[Problem]:
-    from cellpath.encoders.loading import EncoderUnavailable, find_weights
-    from cellpath.encoders.registry import RegistryError, load_registry
+    from cellpath.features.encoders.loading import EncoderUnavailable, find_weights
+    from cellpath.features.encoders.registry import RegistryError, UnknownEncoder, load_registry, resolve_encoder
 
     cfg = params.extract
     try:
         registry = load_registry(root / cfg.registry)
     except RegistryError as exc:
         return [Problem("extract.registry", str(exc))]
-    by_slug = {spec.slug: spec for spec in registry.values()}
     problems = []
     for entry in cfg.encoders:
         where = f"extract.encoders: {entry!r}"
-        spec = by_slug.get(entry)
-        if spec is None:
-            if entry in registry:
-                problems.append(Problem(where, f"a registry name; list its slug {registry[entry].slug!r} instead "
-                                               "(the slug names the DVC output folder data/features/<slug>)"))
-            else:
-                problems.append(Problem(where, f"not a slug in {cfg.registry}{_close(entry, sorted(by_slug))} "
-                                               f"(known: {', '.join(sorted(by_slug))})"))
+        try:
+            spec = resolve_encoder(registry, entry, source=cfg.registry)
+        except UnknownEncoder as exc:
+            problems.append(Problem(where, exc.reason))
             continue
         if spec.loader.startswith("custom:"):
             problems.append(Problem(where, f"cellpath has no loader for {spec.loader!r} yet; it needs "
@@ -127,7 +123,7 @@ def planned_sections(params: Params, root: Path) -> tuple[list[PlannedSection], 
 
 
 def _check_cellvit(params: Params, root: Path, sections: list[PlannedSection]) -> list[Problem]:
-    from cellpath.cellvit import find_cellvit_output
+    from cellpath.concordance.cellvit import find_cellvit_output
 
     folder = params.concordance.cellvit_dir
     if folder is None:
@@ -164,7 +160,7 @@ def _check_references(params: Params, data_dir: Path, sections: list[PlannedSect
             problems.append(Problem("annotate.label_column", f"{cfg.label_column!r} is not a column of the simulated "
                                     f"references; they label cells in {SIMULATED_REFERENCE_LABEL_COLUMN!r}"))
         return problems
-    folder = data_dir / "references"
+    folder = references_dir(data_dir)
     for name in needed:
         path = folder / f"{name}.h5ad"
         if not path.is_file():

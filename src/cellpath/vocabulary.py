@@ -35,3 +35,10 @@ TAXONOMY_LABELS: dict[str, str] = {"fine": "Tfine", "coarse": "Tcoarse"}
 MagnificationName = Literal["40x", "20x", "10x"]
 MAGNIFICATIONS: tuple[MagnificationName, ...] = get_args(MagnificationName)
 MAGNIFICATION_MPP: dict[str, float] = {"40x": 0.25, "20x": 0.5, "10x": 1.0}
+
+HEADLINE_MAGNIFICATION: MagnificationName = "20x"  # the paper's headline numbers and CRT
+
+
+def headline_magnification(magnifications: list[str]) -> str:
+    """The magnification of the headline numbers and CRT: 20× (the paper's) when evaluated, else the first."""
+    return HEADLINE_MAGNIFICATION if HEADLINE_MAGNIFICATION in magnifications else magnifications[0]

@@ -1,17 +1,33 @@
-"""Where everything lives under the data folder (``data/``): one place for every data path.
+"""Where everything lives under the data folder (``data/``) and the reports folder (``reports/``).
 
-Each helper takes the data folder (``data_dir``) and returns a path inside it; no stage or domain
-module builds a ``data/...`` path by hand.
+One place for every path the stages share: each helper takes the data folder (``data_dir``) or the
+reports folder (``reports``) and returns a path inside it; the ``*_NAME`` constants name the files a
+stage writes inside a folder it replaces atomically. No other module joins a path onto ``data_dir``
+or ``reports`` (``tests/unit/io/test_layout.py`` fails on one that does).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+DEFAULT_DATA_DIR = Path("data")  # the data folder, relative to the project root (``--data-dir``)
+DEFAULT_REPORTS_DIR = Path("reports")  # the reports folder (``--reports-dir``)
+DEFAULT_MANIFEST = DEFAULT_DATA_DIR / "manifests" / "xenium_datasets.csv"  # the 10x section manifest (tenx.manifest)
+SECTION_INDEX_NAME = "sections.csv"
+LABEL_SUMMARY_NAME = "summary.csv"
+TIMING_NAME = "timing.json"
+COUNTS_NAME = "counts.json"
 
+
+# --------------------------------------------------------------------------- data/
 def raw_dir(data_dir: Path) -> Path:
     """Raw section bundles as fetched: ``data/raw/<section folder>/`` (Xenium outputs + H&E)."""
     return Path(data_dir) / "raw"
+
+
+def downloads_dir(data_dir: Path) -> Path:
+    """Partial and verified downloads of the 10x fetch: ``data/.downloads/`` (no DVC output)."""
+    return Path(data_dir) / ".downloads"
 
 
 def references_dir(data_dir: Path) -> Path:
@@ -19,14 +35,39 @@ def references_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "references"
 
 
+def reference_h5ad(data_dir: Path, name: str) -> Path:
+    """One reference: ``data/references/<name>.h5ad``."""
+    return references_dir(data_dir) / f"{name}.h5ad"
+
+
 def sections_dir(data_dir: Path) -> Path:
     """Ingested sections: ``data/sections/<section_id>.zarr`` (SpatialData) and ``sections.csv``."""
     return Path(data_dir) / "sections"
 
 
+def section_index_csv(data_dir: Path) -> Path:
+    """The section index (one row per ingested section, with its H&E geometry): ``data/sections/sections.csv``."""
+    return sections_dir(data_dir) / SECTION_INDEX_NAME
+
+
+def section_zarr(data_dir: Path, section_id: str) -> Path:
+    """One ingested section: ``data/sections/<section_id>.zarr``."""
+    return sections_dir(data_dir) / f"{section_id}.zarr"
+
+
 def labels_dir(data_dir: Path) -> Path:
     """Per-section labels and their summary: ``data/labels/<section_id>.parquet``, ``summary.csv``."""
     return Path(data_dir) / "labels"
+
+
+def section_labels(data_dir: Path, section_id: str) -> Path:
+    """One section's labels: ``data/labels/<section_id>.parquet``."""
+    return labels_dir(data_dir) / f"{section_id}.parquet"
+
+
+def label_summary_csv(data_dir: Path) -> Path:
+    """Per-section annotation summary (exclusions among it): ``data/labels/summary.csv``."""
+    return labels_dir(data_dir) / LABEL_SUMMARY_NAME
 
 
 def features_dir(data_dir: Path) -> Path:
@@ -37,3 +78,59 @@ def features_dir(data_dir: Path) -> Path:
 def panels_csv(data_dir: Path) -> Path:
     """The concordance ranking and nested panel membership: ``data/panels.csv``."""
     return Path(data_dir) / "panels.csv"
+
+
+def work_root(data_dir: Path) -> Path:
+    """Task outputs (shards) kept between runs: ``data/.work/<stage>/`` (no DVC output, git-ignored)."""
+    return Path(data_dir) / ".work"
+
+
+# --------------------------------------------------------------------------- reports/
+def annotation_reports(reports: Path) -> Path:
+    """Label transfer against the simulator's truth: ``reports/annotation/``."""
+    return Path(reports) / "annotation"
+
+
+def concordance_reports(reports: Path) -> Path:
+    """Per-section concordance scores: ``reports/concordance/``."""
+    return Path(reports) / "concordance"
+
+
+def probe_reports(reports: Path) -> Path:
+    """The probe's summary tables, counts and timing: ``reports/probe/``."""
+    return Path(reports) / "probe"
+
+
+def probe_runs_parquet(reports: Path) -> Path:
+    """Every probe run, one row each: ``reports/probe_runs.parquet``."""
+    return Path(reports) / "probe_runs.parquet"
+
+
+def probe_metrics_json(reports: Path) -> Path:
+    """The probe's DVC metrics: ``reports/metrics.json``."""
+    return Path(reports) / "metrics.json"
+
+
+def robustness_reports(reports: Path) -> Path:
+    """The robustness tables and per-cell margins: ``reports/robustness/``."""
+    return Path(reports) / "robustness"
+
+
+def robustness_metrics_json(reports: Path) -> Path:
+    """The robustness stage's DVC metrics: ``reports/robustness_metrics.json``."""
+    return Path(reports) / "robustness_metrics.json"
+
+
+def report_html(reports: Path) -> Path:
+    """The HTML report: ``reports/index.html``."""
+    return Path(reports) / "index.html"
+
+
+def report_tables(reports: Path) -> Path:
+    """The report's tables as CSV and Markdown: ``reports/tables/``."""
+    return Path(reports) / "tables"
+
+
+def report_figures(reports: Path) -> Path:
+    """The report's figures: ``reports/figures/``."""
+    return Path(reports) / "figures"

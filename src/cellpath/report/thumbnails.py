@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cellpath.sections import read_section_table
-from cellpath.wsi import open_slide
+from cellpath.io.layout import section_labels
+from cellpath.io.sections import read_section_table
+from cellpath.io.wsi import open_slide
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def crop_bounds(xy_level0: np.ndarray, slide_size: tuple[int, int], side_px: flo
 def section_thumbnail(data_dir: Path, raw_dir: Path, section: pd.Series, side_um: float, mpp: float) -> Thumbnail:
     """The crop and its labelled nuclei for one row of the section index."""
     obs = read_section_table(data_dir, section["section_id"]).obs
-    labels = pd.read_parquet(Path(data_dir) / "labels" / f"{section['section_id']}.parquet", columns=["cell_id", "fine"])
+    labels = pd.read_parquet(section_labels(data_dir, section["section_id"]), columns=["cell_id", "fine"])
     xy = obs[["he_x_px", "he_y_px"]].to_numpy(float)
     he_mpp = float(section["he_mpp"])
     x0, y0, x1, y1 = crop_bounds(xy, (int(section["he_width_px"]), int(section["he_height_px"])), side_um / he_mpp)

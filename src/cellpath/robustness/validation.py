@@ -26,10 +26,6 @@ class Labels:
     group: np.ndarray
 
     @property
-    def n_biology(self) -> int:
-        return int(self.biology.max()) + 1
-
-    @property
     def n_confounder(self) -> int:
         return int(self.confounder.max()) + 1
 

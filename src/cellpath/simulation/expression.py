@@ -15,7 +15,7 @@ import numpy as np
 from scipy import sparse
 from scipy.spatial import cKDTree
 
-from cellpath.ontology import all_marker_genes, cell_types, genes_of
+from cellpath.annotation.ontology import all_marker_genes, cell_types, genes_of
 
 # Real gene symbols often found on Xenium panels that are not ontology markers: panel filler.
 FILLER_GENES: tuple[str, ...] = (

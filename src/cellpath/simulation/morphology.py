@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from cellpath.ontology import cell_type
+from cellpath.annotation.ontology import cell_type
 
 
 @dataclass(frozen=True)

@@ -131,51 +131,58 @@ def render_section(
     px = 1.0 / he_mpp
     order = np.argsort(-draws.cytoplasm_radius, kind="stable")  # big cells first, small on top
     for i in order:
-        cx, cy = nucleus_px[i]
-        angle = angle_px[i]
-        major, minor = draws.major[i] * px, draws.minor[i] * px
-        if draws.vacuole[i] > 0:
-            direction = np.array([np.cos(angle + np.pi / 2), np.sin(angle + np.pi / 2)])
-            vcx, vcy = np.array([cx, cy]) - direction * (draws.vacuole[i] * px + minor)
-            win = _ellipse_window(vcx, vcy, draws.vacuole[i] * px, draws.vacuole[i] * px, 0.0, shape)
-            if win is not None:
-                sl, r = win
-                ring = np.exp(-(((r - 1.0) * draws.vacuole[i] * px) ** 2) / 2.0)
-                eosin[sl] = np.where(r < 1.0, 0.0, eosin[sl]) + 0.25 * ring
-                haematoxylin[sl] = np.where(r < 1.0, 0.0, haematoxylin[sl])
-        cyto = draws.cytoplasm_radius[i] * px
-        cyto_aspect = max(minor / major, 0.45)
-        centre = np.array([cx, cy]) - draws.offset[i] * px
-        win = _ellipse_window(centre[0], centre[1], cyto, cyto * cyto_aspect, angle, shape)
+        _paint_cell(i, nucleus_px[i], angle_px[i], draws, px, chromatin, eosin, haematoxylin)
+    return acquire(haematoxylin, eosin, acquisition, rng)
+
+
+def _paint_cell(i: int, centre_px: np.ndarray, angle: float, draws: NucleusDraws, px: float, chromatin: np.ndarray,
+                eosin: np.ndarray, haematoxylin: np.ndarray) -> None:
+    """Paint cell ``i`` (nucleus centre in H&E px, major-axis angle in radians; ``px``: H&E px per µm)
+    into the eosin and haematoxylin density maps, in place: vacuole, cytoplasm, then nucleus lobes."""
+    shape = eosin.shape
+    cx, cy = centre_px
+    major, minor = draws.major[i] * px, draws.minor[i] * px
+    if draws.vacuole[i] > 0:
+        direction = np.array([np.cos(angle + np.pi / 2), np.sin(angle + np.pi / 2)])
+        vcx, vcy = np.array([cx, cy]) - direction * (draws.vacuole[i] * px + minor)
+        win = _ellipse_window(vcx, vcy, draws.vacuole[i] * px, draws.vacuole[i] * px, 0.0, shape)
         if win is not None:
             sl, r = win
-            eosin[sl] = np.maximum(eosin[sl], draws.eosin[i] * _soft(r, 1.2, cyto))
-        if draws.anucleate[i]:
+            ring = np.exp(-(((r - 1.0) * draws.vacuole[i] * px) ** 2) / 2.0)
+            eosin[sl] = np.where(r < 1.0, 0.0, eosin[sl]) + 0.25 * ring
+            haematoxylin[sl] = np.where(r < 1.0, 0.0, haematoxylin[sl])
+    cyto = draws.cytoplasm_radius[i] * px
+    cyto_aspect = max(minor / major, 0.45)
+    centre = np.array([cx, cy]) - draws.offset[i] * px
+    win = _ellipse_window(centre[0], centre[1], cyto, cyto * cyto_aspect, angle, shape)
+    if win is not None:
+        sl, r = win
+        eosin[sl] = np.maximum(eosin[sl], draws.eosin[i] * _soft(r, 1.2, cyto))
+    if draws.anucleate[i]:
+        return
+    lobes = draws.lobes[i]
+    if lobes == 1:
+        centres = [(cx, cy)]
+    else:
+        step = 1.5 * major
+        offsets = (np.arange(lobes) - (lobes - 1) / 2) * step
+        bend = 0.35 * step * (np.arange(lobes) - (lobes - 1) / 2) ** 2
+        c, s = np.cos(angle), np.sin(angle)
+        centres = [(cx + o * c - b * s, cy + o * s + b * c) for o, b in zip(offsets, bend)]
+    for lx, ly in centres:
+        win = _ellipse_window(lx, ly, major, minor, angle, shape)
+        if win is None:
             continue
-        lobes = draws.lobes[i]
-        if lobes == 1:
-            centres = [(cx, cy)]
-        else:
-            step = 1.5 * major
-            offsets = (np.arange(lobes) - (lobes - 1) / 2) * step
-            bend = 0.35 * step * (np.arange(lobes) - (lobes - 1) / 2) ** 2
-            c, s = np.cos(angle), np.sin(angle)
-            centres = [(cx + o * c - b * s, cy + o * s + b * c) for o, b in zip(offsets, bend)]
-        for lx, ly in centres:
-            win = _ellipse_window(lx, ly, major, minor, angle, shape)
-            if win is None:
-                continue
-            sl, r = win
-            mask = _soft(r, 0.7, minor)
-            texture = 1.0 + 0.35 * draws.texture[i] * chromatin[sl]
-            rim = 1.0 + 0.5 * draws.nucleolus[i] * np.exp(-((r - 0.9) ** 2) / 0.02)
-            pale_centre = 1.0 - 0.35 * draws.nucleolus[i] * (r < 0.75)
-            value = draws.darkness[i] * mask * texture * rim * pale_centre
-            if draws.nucleolus[i] > 0:
-                value += 0.9 * draws.nucleolus[i] * np.exp(-(r**2) / 0.03) * mask
-            haematoxylin[sl] = np.maximum(haematoxylin[sl], value)
-            eosin[sl] *= 1.0 - 0.6 * mask
-    return acquire(haematoxylin, eosin, acquisition, rng)
+        sl, r = win
+        mask = _soft(r, 0.7, minor)
+        texture = 1.0 + 0.35 * draws.texture[i] * chromatin[sl]
+        rim = 1.0 + 0.5 * draws.nucleolus[i] * np.exp(-((r - 0.9) ** 2) / 0.02)
+        pale_centre = 1.0 - 0.35 * draws.nucleolus[i] * (r < 0.75)
+        value = draws.darkness[i] * mask * texture * rim * pale_centre
+        if draws.nucleolus[i] > 0:
+            value += 0.9 * draws.nucleolus[i] * np.exp(-(r**2) / 0.03) * mask
+        haematoxylin[sl] = np.maximum(haematoxylin[sl], value)
+        eosin[sl] *= 1.0 - 0.6 * mask
 
 
 def acquire(haematoxylin: np.ndarray, eosin: np.ndarray, acquisition: Acquisition, rng: np.random.Generator) -> np.ndarray:

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import http.client
 import os
-import shutil
 import stat
 import tarfile
 import time
@@ -26,8 +25,8 @@ from typing import IO, Protocol
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from cellpath.atomic import atomic_output, remove_path
 from cellpath.errors import DownloadError
+from cellpath.io.atomic import atomic_output, remove_path
 
 CHUNK_BYTES = 1024 * 1024
 SUPPORTED_SCHEMES = ("http", "https", "file")

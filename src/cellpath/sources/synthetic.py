@@ -2,7 +2,7 @@
 
 Per section it paints a tissue layout from the organ's program, draws nuclear morphology, renders
 an H&E image through a section-specific stain and scan, simulates Xenium expression, and writes a
-bundle in 10x's own formats (:mod:`cellpath.sources.xenium_bundle`) to ``data/raw/<section_id>/``.
+bundle in 10x's own formats (:mod:`cellpath.io.xenium`) to ``data/raw/<section_id>/``.
 Beside the 10x files it writes ``section.json`` (section metadata, as the 10x source does) and the
 simulator's ground truth (``simulation_truth.parquet``, ``simulation.json``), which no reader of
 real data relies on. One scRNA-seq reference per organ goes to ``data/references/<organ>.h5ad``.
@@ -27,16 +27,16 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
+from cellpath.annotation.ontology import inverse_aliases
 from cellpath.config import SimulatedSection, SyntheticConfig
-from cellpath.coords import XENIUM_PIXEL_SIZE_UM
-from cellpath.ontology import inverse_aliases
+from cellpath.io import xenium as xb
+from cellpath.io.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
+from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
 from cellpath.simulation.expression import GenePanel, build_panel, reference_counts, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import organ_cell_types, program_for
 from cellpath.simulation.render import draw_acquisition, render_section
 from cellpath.simulation.tissue import layout_cells
-from cellpath.sources import xenium_bundle as xb
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,21 @@ def _direction_angles_on_he(angles_um: np.ndarray, registration: Registration) -
     return np.arctan2(directions[:, 1], directions[:, 0])
 
 
+def _write_bundle(out_dir: Path, section_id: str, prefix: str, cells: xb.BundleCells, panel: GenePanel,
+                  rgb: np.ndarray, he_mpp: float, he_to_morphology_px: np.ndarray) -> None:
+    """The section's Xenium outputs and registered H&E (µm/px ``he_mpp``), as a 10x download names them."""
+    xb.write_experiment(out_dir / "experiment.xenium", run_name=f"simulated {section_id}",
+                        region_name=section_id, n_cells=len(cells.cell_ids), panel_name="cellpath simulated panel",
+                        n_targets=len(panel.genes), pixel_size_um=XENIUM_PIXEL_SIZE_UM,
+                        median_transcripts=float(np.median(np.asarray(cells.counts.sum(axis=1)))))
+    xb.write_feature_matrix(out_dir / "cell_feature_matrix.h5", cells)
+    xb.write_cells_parquet(out_dir / "cells.parquet", cells)
+    xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
+    xb.write_nucleus_boundaries(out_dir / "nucleus_boundaries.parquet", cells)
+    xb.write_he_ome_tiff(out_dir / f"{prefix}he_image.ome.tif", rgb, he_mpp)
+    xb.write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", he_to_morphology_px)
+
+
 def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: int, panel: GenePanel,
                      programs: dict[str, np.ndarray], out_dir: Path) -> dict:
     """Simulate one section and write its bundle into ``out_dir`` (which must exist). Returns its truth summary."""
@@ -141,17 +156,7 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
         feature_types=panel.feature_types,
     )
     prefix = f"{section.section_id}_"
-    xb.write_experiment(out_dir / "experiment.xenium", run_name=f"simulated {section.section_id}",
-                        region_name=section.section_id, n_cells=n, panel_name="cellpath simulated panel",
-                        n_targets=len(panel.genes), pixel_size_um=XENIUM_PIXEL_SIZE_UM,
-                        median_transcripts=float(np.median(np.asarray(counts.sum(axis=1)))))
-    xb.write_feature_matrix(out_dir / "cell_feature_matrix.h5", cells)
-    xb.write_cells_parquet(out_dir / "cells.parquet", cells)
-    xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
-    xb.write_nucleus_boundaries(out_dir / "nucleus_boundaries.parquet", cells)
-    xb.write_he_ome_tiff(out_dir / f"{prefix}he_image.ome.tif", rgb, config.he_mpp)
-    xb.write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", registration.he_to_morph)
-
+    _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, config.he_mpp, registration.he_to_morph)
     truth = pd.DataFrame({
         "cell_id": cells.cell_ids,
         "cell_type": layout.cell_type,

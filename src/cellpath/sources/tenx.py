@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cellpath.atomic import atomic_output, prune_other_folders, remove_path, remove_stale_temporaries
 from cellpath.config import SECTION_ID_PATTERN, TenxConfig
 from cellpath.errors import InputError
+from cellpath.io.atomic import atomic_output, prune_other_folders, remove_path, remove_stale_temporaries
 from cellpath.sources.download import SUPPORTED_SCHEMES, download_file, safe_extract
 
 log = logging.getLogger(__name__)

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from cellpath.atomic import atomic_output
 from cellpath.config import Params
 from cellpath.errors import InputError
-from cellpath.io.layout import labels_dir, raw_dir, references_dir, sections_dir
-from cellpath.sections import read_section_index, read_section_table
+from cellpath.io.atomic import atomic_output
+from cellpath.io.layout import annotation_reports, labels_dir, raw_dir, reference_h5ad, references_dir, section_zarr
+from cellpath.io.sections import read_section_index, read_section_table
 
 log = logging.getLogger(__name__)
 
 
 def _reference_path(params: Params, data_dir: Path, section_id: str, organ: str) -> Path:
     name = params.annotate.references.get(section_id, organ.lower())
-    path = references_dir(data_dir) / f"{name}.h5ad"
+    path = reference_h5ad(data_dir, name)
     if not path.is_file():
         available = sorted(p.stem for p in references_dir(data_dir).glob("*.h5ad"))
         raise InputError(
@@ -32,9 +32,9 @@ def _reference_path(params: Params, data_dir: Path, section_id: str, organ: str)
 
 def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
     """annotate: labels per section, the per-section summary, marker QC, and (simulated) accuracy."""
-    from cellpath.annotate import against_truth, label_frame, section_summary
-    from cellpath.marker_qc import marker_enrichment
-    from cellpath.transfer import UNCERTAIN, check_counts, fit_transfer, load_reference, transfer_labels
+    from cellpath.annotation.labels import against_truth, label_frame, section_summary
+    from cellpath.annotation.marker_qc import marker_enrichment
+    from cellpath.annotation.transfer import UNCERTAIN, check_counts, fit_transfer, load_reference, transfer_labels
 
     cfg = params.annotate
     index = read_section_index(data_dir)
@@ -46,7 +46,7 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
         for row in index.itertuples():
             section_id = row.section_id
             table = read_section_table(data_dir, section_id)
-            counts = check_counts(table.X, "Xenium counts", sections_dir(data_dir) / f"{section_id}.zarr", section_id)
+            counts = check_counts(table.X, "Xenium counts", section_zarr(data_dir, section_id), section_id)
             genes = tuple(map(str, table.var_names))
             ref_path = _reference_path(params, data_dir, section_id, row.organ)
             if ref_path not in references:
@@ -79,7 +79,7 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
     flagged = qc_frame[qc_frame["status"] == "not_enriched"]
     log.info("annotate: %d sections (%d excluded), %d type(s) flagged by marker QC", len(summary_frame),
              int(summary_frame["excluded"].sum()), len(flagged))
-    _write_truth_report(truth_rows, reports / "annotation")
+    _write_truth_report(truth_rows, annotation_reports(reports))
     return summary_frame
 
 

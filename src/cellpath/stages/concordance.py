@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output
 from cellpath.config import Params
-from cellpath.io.layout import labels_dir, panels_csv, raw_dir
-from cellpath.sections import read_section_index, read_section_table
+from cellpath.io.atomic import atomic_output
+from cellpath.io.layout import concordance_reports, label_summary_csv, panels_csv, raw_dir, section_labels
+from cellpath.io.sections import read_section_index, read_section_table
 
 log = logging.getLogger(__name__)
 
@@ -23,27 +23,27 @@ def _detections_for(params: Params, data_dir: Path, row) -> object:
     slide = raw_dir(data_dir) / row.raw_folder / row.he_image
     cellvit_dir = params.concordance.cellvit_dir
     if cellvit_dir is not None:
-        from cellpath.cellvit import find_cellvit_output, read_cellvit
+        from cellpath.concordance.cellvit import find_cellvit_output, read_cellvit
 
         path = find_cellvit_output(cellvit_dir, row.section_id, wsi_name=row.he_image)
         return read_cellvit(path, slide_mpp=float(row.he_mpp),
                             slide_dimensions=(int(row.he_width_px), int(row.he_height_px)))
-    from cellpath.detector import detect_nuclei
+    from cellpath.concordance.detector import detect_nuclei
 
     return detect_nuclei(slide, mpp=float(row.he_mpp))
 
 
 def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
     """concordance: AGR-BAcc per section, the ranking, and the nested panels (data/panels.csv)."""
-    from cellpath.concordance import agr_bacc, mutual_nearest_neighbours, nested_panels, rank_sections
+    from cellpath.concordance.scoring import agr_bacc, mutual_nearest_neighbours, nested_panels, rank_sections
 
     cfg = params.concordance
     index = read_section_index(data_dir)
-    summary = pd.read_csv(labels_dir(data_dir) / "summary.csv").set_index("section_id")
+    summary = pd.read_csv(label_summary_csv(data_dir)).set_index("section_id")
     rows = []
     for row in index.itertuples():
         table = read_section_table(data_dir, row.section_id)
-        labels = pd.read_parquet(labels_dir(data_dir) / f"{row.section_id}.parquet").set_index("cell_id")
+        labels = pd.read_parquet(section_labels(data_dir, row.section_id)).set_index("cell_id")
         coarse = labels.loc[table.obs_names, "coarse"].to_numpy()
         detections = _detections_for(params, data_dir, row)
         cap_px = cfg.max_match_distance_um / float(row.he_mpp)
@@ -69,7 +69,7 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
         raise ConfigError(f"concordance.panel_sizes: {exc} (sections excluded by annotation have no score)") from None
     with atomic_output(panels_csv(data_dir)) as tmp:
         panels.to_csv(tmp, index=False)
-    with atomic_output(reports / "concordance") as out:
+    with atomic_output(concordance_reports(reports)) as out:
         out.mkdir()
         panels.to_csv(out / "concordance.csv", index=False)
         metrics = {"sections_ranked": int(panels["rank"].notna().sum()),

@@ -9,35 +9,32 @@ import os
 from functools import lru_cache, partial
 from pathlib import Path
 
-from cellpath.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
 from cellpath.config import Params
 from cellpath.errors import InputError
+from cellpath.io.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
 from cellpath.io.layout import features_dir, raw_dir
-from cellpath.sections import read_section_table, sections_to_extract
+from cellpath.io.sections import read_section_table, sections_to_extract
 
 log = logging.getLogger(__name__)
 
 
 def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -> dict:
-    """extract: features of one encoder at one magnification, one task per section (``executor``);
-    sections whose artifact already carries the expected sidecar are not redone."""
+    """extract: features of one encoder (registry slug or name) at one magnification, one task per
+    section (``executor``), into ``data/features/<slug>/<magnification>/``; sections whose artifact
+    already carries the expected sidecar are not redone."""
     import torch
 
     from cellpath import __version__
-    from cellpath.encoders.registry import load_registry
-    from cellpath.executor import Task, run_tasks
-    from cellpath.feature_store import artifact_dir, expected_sidecar, is_complete
-    from cellpath.features import FEATURE_CODE_VERSION, place_cells
+    from cellpath.features.encoders.registry import load_registry, resolve_encoder
+    from cellpath.features.extract import FEATURE_CODE_VERSION
+    from cellpath.features.store import artifact_dir, expected_sidecar, is_complete
+    from cellpath.features.tiling import place_section_cells
+    from cellpath.runtime.executor import Task, run_tasks
     from cellpath.vocabulary import MAGNIFICATION_MPP
 
     cfg = params.extract
-    registry = load_registry(cfg.registry)
-    by_slug = {spec.slug: spec for spec in registry.values()}
-    spec = by_slug.get(encoder_name)
-    if spec is None:
-        hint = f"; use its slug {registry[encoder_name].slug!r} (it names the DVC output folder)" \
-            if encoder_name in registry else f"; known: {', '.join(sorted(by_slug))}"
-        raise InputError(f"extract.encoders: unknown encoder slug {encoder_name!r}{hint}", path=cfg.registry)
+    spec = resolve_encoder(load_registry(cfg.registry), encoder_name, where="--encoder", source=cfg.registry,
+                           accept_names=True)
     if magnification not in MAGNIFICATION_MPP:
         raise InputError(f"unknown magnification {magnification!r}; valid: {', '.join(MAGNIFICATION_MPP)}")
     if cfg.torch_threads:
@@ -49,10 +46,7 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
     root = features_dir(data_dir).resolve()
     for row in sections_to_extract(data_dir).itertuples():
         table = read_section_table(data_dir, row.section_id)
-        placement = place_cells(
-            table.obs[["he_x_px", "he_y_px"]].to_numpy(), table.obs["nucleus_area"].to_numpy(dtype=float),
-            slide_size=(int(row.he_width_px), int(row.he_height_px)), slide_mpp=float(row.he_mpp),
-            target_mpp=target_mpp, input_size=spec.input_size)
+        placement = place_section_cells(table.obs, row._asdict(), target_mpp=target_mpp, input_size=spec.input_size)
         revision = revision or _encoder_revision(spec, weights_dir, cfg.device)
         expected = expected_sidecar(encoder=spec.name, revision=revision, magnification=magnification,
                                     target_mpp=target_mpp, tiling=placement.tiling_record(),
@@ -74,35 +68,43 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
         if outcome.computed:
             log.info("extract %s %s %s: %d cells, %d patches in %.1f s", spec.slug, magnification, section_id,
                      n_cells, n_patches, outcome.seconds)
-    if computed:  # per-patch costs for `cellpath plan` (the work folder: no stage output)
-        from cellpath.shards import work_dir
-
-        timing = {"encoder": spec.slug, "magnification": magnification, "device": cfg.device,
-                  "batch_size": cfg.batch_size, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                  "executor": params.executor.backend, "workers": params.executor.workers,
-                  "sections": [{"section_id": section_id, "cells": n_cells, "patches": n_patches,
-                                "seconds": round(outcome.seconds, 3)}
-                               for (section_id, n_cells, n_patches), outcome in zip(sizes, outcomes)
-                               if outcome.computed]}
-        with atomic_output(work_dir(data_dir, "extract") / f"{spec.slug}-{magnification}.timing.json") as tmp:
-            tmp.write_text(json.dumps(timing, indent=2) + "\n")
+    if computed:
+        _write_timing(params, data_dir, spec.slug, magnification, sizes, outcomes)
     log.info("extract %s %s: %d section(s) computed, %d reused, %d stale removed", spec.slug, magnification,
              len(computed), len(done), len(stale))
     return {"computed": computed, "reused": done, "removed": stale}
 
 
+def _write_timing(params: Params, data_dir: Path, slug: str, magnification: str, sizes: list[tuple[str, int, int]],
+                  outcomes: list) -> None:
+    """Per-patch costs of the sections computed, for `cellpath plan` (in the work folder: no stage output)."""
+    import torch
+
+    from cellpath.runtime.shards import work_dir
+
+    cfg = params.extract
+    timing = {"encoder": slug, "magnification": magnification, "device": cfg.device,
+              "batch_size": cfg.batch_size, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+              "executor": params.executor.backend, "workers": params.executor.workers,
+              "sections": [{"section_id": section_id, "cells": n_cells, "patches": n_patches,
+                            "seconds": round(outcome.seconds, 3)}
+                           for (section_id, n_cells, n_patches), outcome in zip(sizes, outcomes) if outcome.computed]}
+    with atomic_output(work_dir(data_dir, "extract") / f"{slug}-{magnification}.timing.json") as tmp:
+        tmp.write_text(json.dumps(timing, indent=2) + "\n")
+
+
 @lru_cache(maxsize=1)
 def _cached_encoder(spec_json: str, weights_dir: Path, device: str):
     """The encoder of a process, loaded once for all the sections (tasks) this process extracts."""
-    from cellpath.encoders.loading import load_encoder
-    from cellpath.encoders.registry import EncoderSpec
+    from cellpath.features.encoders.loading import load_encoder
+    from cellpath.features.encoders.registry import EncoderSpec
 
     return load_encoder(EncoderSpec.model_validate_json(spec_json), weights_dir=weights_dir, device=device)
 
 
 def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
     """The revision load_encoder records for ``spec``, without loading a hub model's weights here."""
-    from cellpath.encoders.loading import find_weights
+    from cellpath.features.encoders.loading import find_weights
 
     if spec.loader == "timm":
         return find_weights(spec, weights_dir=weights_dir).revision
@@ -112,9 +114,9 @@ def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
 def extract_section(out: Path, cfg, weights_dir: Path, spec, slide: Path, slide_mpp: float, placement, expected: dict,
                     progress: str) -> None:
     """Task: one section's base readouts and sidecar, as the feature artifact folder ``out``."""
-    from cellpath import feature_store
-    from cellpath.features import extract_cells
-    from cellpath.wsi import open_slide
+    from cellpath.features import store as feature_store
+    from cellpath.features.extract import extract_cells
+    from cellpath.io.wsi import open_slide
 
     encoder = _cached_encoder(spec.model_dump_json(), weights_dir, cfg.device)
     if encoder.revision != expected["revision"]:

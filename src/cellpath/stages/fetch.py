@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from cellpath.config import Params
-from cellpath.io.layout import raw_dir, references_dir
+from cellpath.io.layout import downloads_dir, raw_dir, references_dir
 
 log = logging.getLogger(__name__)
 
@@ -24,4 +24,4 @@ def run(params: Params, data_dir: Path) -> dict:
     from cellpath.sources.tenx import fetch_tenx
 
     references_dir(data_dir).mkdir(parents=True, exist_ok=True)
-    return fetch_tenx(params.tenx, raw_dir(data_dir), data_dir / ".downloads")
+    return fetch_tenx(params.tenx, raw_dir(data_dir), downloads_dir(data_dir))

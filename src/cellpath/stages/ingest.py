@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from cellpath.atomic import atomic_output, remove_stale_temporaries
 from cellpath.config import Params
 from cellpath.errors import InputError
-from cellpath.io.layout import raw_dir
-from cellpath.io.layout import sections_dir
+from cellpath.io.atomic import atomic_output, remove_stale_temporaries
+from cellpath.io.layout import raw_dir, sections_dir
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ def raw_section_folders(data_dir: Path) -> list[Path]:
 
 def run(params: Params, data_dir: Path) -> pd.DataFrame:
     """ingest: every raw section → data/sections/<section_id>.zarr, plus data/sections/sections.csv."""
-    from cellpath.ingest import ingest_section
+    from cellpath.io.ingest import ingest_section
 
     out = sections_dir(data_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,15 +18,15 @@ from pathlib import Path
 import pandas as pd
 
 from cellpath.config import Params, parse_params
-from cellpath.encoders.registry import EncoderSpec, load_registry
-from cellpath.readouts import readout_available
-from cellpath.run_plan import count_runs
-from cellpath.selection import evaluated_encoders
+from cellpath.features.encoders.registry import EncoderSpec, load_registry, selected_encoders
+from cellpath.features.readouts import readout_available
+from cellpath.io.layout import (COUNTS_NAME, TIMING_NAME, features_dir, panels_csv, probe_reports, section_index_csv,
+                                work_root)
+from cellpath.probing.plan import count_runs
 from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATIONS, READOUTS
 
 PAPER_TABLE_3 = {"is": 157_500, "iocd": 86_940, "mocv": 18_900, "looo": 41_580}  # CellPath-Bench, Table 3
 PAPER_RUNS = 304_920
-PAPER_CELLS = 7_079_283  # the 25-section panel (abstract)
 FEATURE_BYTES = 2  # float16 per stored value (feature_store)
 
 
@@ -61,9 +61,9 @@ def panel_summary(params: Params, data_dir: Path, preset: str, evaluated: pd.Dat
         return {"name": params.panel, "sections": chosen[["section_id", "organ", "cells"]].to_dict("records"),
                 "evaluated_cells": None, "source": f"{params.tenx.manifest} (panel_s25; all cells, labels unknown)"}
     if evaluated is not None:
-        from cellpath.panel_cells import panel_sections
+        from cellpath.features.panel import panel_sections
 
-        index = pd.read_csv(data_dir / "sections" / "sections.csv").set_index("section_id")
+        index = pd.read_csv(section_index_csv(data_dir)).set_index("section_id")
         chosen = panel_sections(data_dir, params.panel)
         rows = [{"section_id": s, "organ": o, "cells": int(index.loc[s, "n_cells"])}
                 for s, o in zip(chosen["section_id"], chosen["organ"])]
@@ -79,14 +79,14 @@ def panel_summary(params: Params, data_dir: Path, preset: str, evaluated: pd.Dat
 def feature_rows(encoders: list[EncoderSpec], magnifications: list[str], data_dir: Path | None,
                  sections: list[dict]) -> list[dict]:
     """Per encoder and magnification: cells, patches and feature bytes, measured where data exists."""
-    from cellpath.feature_store import artifact_dir, read_sidecar
+    from cellpath.features.store import artifact_dir, read_sidecar
 
     rows = []
     for spec in encoders:
         n_readouts = 3 if spec.has_cls else 2
         for magnification in magnifications:
             cells = sum(s["cells"] for s in sections)
-            folders = [] if data_dir is None else [artifact_dir(data_dir / "features", spec.slug, magnification,
+            folders = [] if data_dir is None else [artifact_dir(features_dir(data_dir), spec.slug, magnification,
                                                                 s["section_id"]) for s in sections]
             sidecars = [read_sidecar(folder) for folder in folders]
             if folders and all(sidecars):
@@ -106,12 +106,12 @@ def feature_rows(encoders: list[EncoderSpec], magnifications: list[str], data_di
 def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification: str,
                          sections: list[dict]) -> int | None:
     """Patches the extraction's tiling would read, from the ingested section tables (None without them)."""
-    if data_dir is None or not (data_dir / "sections" / "sections.csv").is_file():
+    if data_dir is None or not section_index_csv(data_dir).is_file():
         return None
-    index_path = data_dir / "sections" / "sections.csv"
-    from cellpath.features import place_cells
+    index_path = section_index_csv(data_dir)
+    from cellpath.features.tiling import place_section_cells
+    from cellpath.io.sections import read_section_table
     from cellpath.vocabulary import MAGNIFICATION_MPP
-    from cellpath.sections import read_section_table
 
     index = pd.read_csv(index_path).set_index("section_id")
     total = 0
@@ -120,10 +120,8 @@ def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification
             return None
         row = index.loc[section["section_id"]]
         obs = read_section_table(data_dir, section["section_id"]).obs
-        placement = place_cells(obs[["he_x_px", "he_y_px"]].to_numpy(), obs["nucleus_area"].to_numpy(dtype=float),
-                                slide_size=(int(row["he_width_px"]), int(row["he_height_px"])),
-                                slide_mpp=float(row["he_mpp"]), target_mpp=MAGNIFICATION_MPP[magnification],
-                                input_size=spec.input_size)
+        placement = place_section_cells(obs, row, target_mpp=MAGNIFICATION_MPP[magnification],
+                                        input_size=spec.input_size)
         total += len(set(placement.patch_index))
     return total
 
@@ -139,7 +137,7 @@ def probe_counts(params: Params, encoders: list[EncoderSpec], magnifications: li
     usable = sum(len(readouts) - (0 if cls else n_cls) for cls in has_cls) * len(magnifications)
     rows: dict[str, dict] = {}
     if evaluated is not None:
-        from cellpath.probing import plan_runs
+        from cellpath.probing.plan import plan_runs
 
         for protocol in params.protocols:
             planned = [run for taxonomy in cfg.taxonomies for run in plan_runs(evaluated, protocol, taxonomy, cfg)]
@@ -159,7 +157,7 @@ def probe_counts(params: Params, encoders: list[EncoderSpec], magnifications: li
             rows[protocol] = {"units": counted.units[protocol], "seeds": cfg.seeds[protocol],
                               "runs": counted.runs[protocol], "unavailable": counted.unavailable[protocol],
                               "skipped": None, "fitted": None}
-        source = "run_plan.count_runs on the section list (class gates need the labels: skipped runs unknown)"
+        source = "probing.plan.count_runs on the section list (class gates need the labels: skipped runs unknown)"
     total = {key: (None if any(r[key] is None for r in rows.values()) else sum(r[key] for r in rows.values()))
              for key in ("runs", "unavailable", "skipped", "fitted")}
     out = {"protocols": rows, "total": total, "source": source}
@@ -188,7 +186,7 @@ def extract_cost(spec: EncoderSpec, magnification: str, work: Path, bench: Path)
 
 def probe_cost(reports: Path, bench: Path) -> tuple[float, str] | None:
     """Measured fitting seconds per fitted run: the probe stage's own timing, else the benchmark."""
-    timing, counts = _read_json(reports / "probe" / "timing.json"), _read_json(reports / "probe" / "counts.json")
+    timing, counts = _read_json(probe_reports(reports) / TIMING_NAME), _read_json(probe_reports(reports) / COUNTS_NAME)
     if timing and counts and counts["total"]["ok"]:
         return (timing["fit_seconds"] / counts["total"]["ok"],
                 f"{reports}/probe/timing.json ÷ counts.json ({counts['total']['ok']} runs)")
@@ -234,24 +232,24 @@ def build_plan(params: Params, data_dir: Path, reports: Path, benchmarks: Path, 
     if preset == "paper":
         params = paper_params(params)
     data_dir, reports = Path(data_dir), Path(reports)
-    encoders = evaluated_encoders(params)
+    encoders = selected_encoders(params.extract.registry, params.extract.encoders)
     magnifications = list(params.extract.magnifications)
     evaluated = None
-    if preset == "current" and (data_dir / "panels.csv").is_file():
-        from cellpath.panel_cells import load_panel_cells
+    if preset == "current" and panels_csv(data_dir).is_file():
+        from cellpath.features.panel import load_panel_cells
 
         evaluated = load_panel_cells(data_dir, params.panel).cells
     panel = panel_summary(params, data_dir, preset, evaluated)
     sections = panel["sections"]
     if evaluated is not None:
-        from cellpath.sections import sections_to_extract
+        from cellpath.io.sections import sections_to_extract
 
-        cells = pd.read_csv(data_dir / "sections" / "sections.csv").set_index("section_id")["n_cells"]
+        cells = pd.read_csv(section_index_csv(data_dir)).set_index("section_id")["n_cells"]
         sections = [{"section_id": s, "cells": int(cells[s])} for s in sections_to_extract(data_dir)["section_id"]]
     features = feature_rows(encoders, magnifications, data_dir if preset == "current" else None, sections)
     probe = probe_counts(params, encoders, magnifications, panel, evaluated, preset)
     estimates = []
-    work = data_dir / ".work" / "extract"
+    work = work_root(data_dir) / "extract"
     for spec in encoders:  # a patch costs the same at every magnification (same input size)
         patches = [row["patches"] for row in features if row["encoder"] == spec.slug]
         cost = extract_cost(spec, magnifications[0], work, benchmarks / "extract.json")

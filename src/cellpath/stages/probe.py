@@ -22,21 +22,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output
-from cellpath.code_deps import stage_fingerprint
 from cellpath.config import Params, ProbeConfig
-from cellpath.encoders.registry import EncoderSpec
-from cellpath.executor import Task, run_tasks, thread_settings
-from cellpath.feature_store import artifact_dir
-from cellpath.panel_cells import (PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells,
-                                  panel_sections, readout_matrix)
-from cellpath.probing import RUN_COLUMNS, fit_condition, plan_runs
-from cellpath.protocols import IS_EXCLUSION_RULES
-from cellpath.readouts import readout_available
-from cellpath.selection import evaluated_encoders, headline_magnification
-from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
-                             work_dir, write_context)
-from cellpath.tracking import Tracker, flat_metrics, metric_key
+from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
+from cellpath.features.panel import (PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells,
+                                     panel_sections, readout_matrix)
+from cellpath.features.readouts import readout_available
+from cellpath.features.store import artifact_dir
+from cellpath.io.atomic import atomic_output
+from cellpath.io.layout import (TIMING_NAME, features_dir, panels_csv, probe_metrics_json, probe_reports,
+                                probe_runs_parquet)
+from cellpath.probing.plan import RUN_COLUMNS, fit_condition, plan_runs
+from cellpath.probing.protocols import IS_EXCLUSION_RULES
+from cellpath.runtime.code_deps import stage_fingerprint
+from cellpath.runtime.executor import Task, run_tasks, thread_settings
+from cellpath.runtime.shards import file_fingerprint, prune, read_context, shard_task, work_dir, write_context
+from cellpath.runtime.tracking import Tracker, flat_metrics, metric_key
+from cellpath.vocabulary import headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     started = time.perf_counter()
     cfg = params.probe
     magnifications = params.stage_magnifications(cfg.magnifications)
-    encoders = evaluated_encoders(params)
+    encoders = selected_encoders(params.extract.registry, params.extract.encoders)
     if cfg.torch_threads:
         import torch
 
@@ -64,9 +65,8 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                 for run in runs:
                     unavailable[run.protocol] += missing
     context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
-    tracker = Tracker(params.mlflow, "probe", root)
     frames = []
-    try:
+    with Tracker(params.mlflow, "probe", root) as tracker:
         outcomes = run_tasks(tasks, params.executor)
         for outcome in outcomes:  # in task order: the run table does not depend on the executor
             shard = pd.read_parquet(outcome.output)
@@ -87,10 +87,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
         metrics = headline_metrics(runs_table, summaries, counts, magnifications)
         write_outputs(reports, runs_table, summaries, counts, metrics)
         tracker.finish(stage_params(params, magnifications), flat_metrics(metrics),
-                       [reports / "probe_runs.parquet", reports / "metrics.json"])
-    except BaseException:
-        tracker.finish({}, {}, failed=True)
-        raise
+                       [probe_runs_parquet(reports), probe_metrics_json(reports)])
     prune(context.parent, [context, *(task.output for task in tasks)])
     elapsed = time.perf_counter() - started
     timing = {"stage_seconds": round(elapsed, 2), "fit_seconds": round(float(runs_table["fit_seconds"].sum()), 2),
@@ -98,7 +95,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
               "mlflow_logging_thread_seconds": round(tracker.busy_seconds, 2), "mlflow_runs": tracker.children + 1,
               "executor": {"backend": params.executor.backend, "workers": params.executor.workers,
                            "tasks": len(outcomes), "tasks_computed": sum(o.computed for o in outcomes)}}
-    with atomic_output(reports / "probe" / "timing.json") as tmp:
+    with atomic_output(probe_reports(reports) / TIMING_NAME) as tmp:
         tmp.write_text(json.dumps(timing, indent=2) + "\n")
     log.info("probe: %d runs fitted, %d skipped, %d unavailable in %.1f s; MLflow: %d runs, %.1f s blocking "
              "(%.1f %%), %.1f s in the logging thread", counts["total"]["ok"], counts["total"]["skipped"],
@@ -142,10 +139,10 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
     cfg = params.probe
     work = work_dir(data_dir, "probe")
     basis = {"code": stage_fingerprint("probe"), "threads": thread_settings(), "panel": params.panel,
-             "cells": panel_digest(panel), "protocols": params.protocols, "probe": cfg.model_dump(mode="json"),
+             "cells": panel.digest(), "protocols": params.protocols, "probe": cfg.model_dump(mode="json"),
              "is_patch_grids": sorted({spec.input_size for spec in encoders})}  # they shape the IS test sets
     context = write_context(work, "probe", basis, (panel, plans))
-    features = Path(data_dir).resolve() / "features"
+    features = features_dir(data_dir).resolve()
     tasks = []
     for spec in encoders:
         if not any(readout_available(spec, readout) for readout in cfg.readouts):
@@ -153,11 +150,11 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
         for magnification in magnifications:
             inputs = file_fingerprint([artifact_dir(features, spec.slug, magnification, section_id)
                                        for section_id in panel.rows_in_section])
-            key = shard_key("probe", f"{spec.slug} {magnification}",
-                            basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
-                                     "features": inputs})
-            tasks.append(Task(key, probe_shard, (context, features, spec, magnification, cfg), work / f"{key}.parquet",
-                              gpu=cfg.device == "cuda"))
+            material = basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
+                                "features": inputs}
+            tasks.append(shard_task("probe", f"{spec.slug} {magnification}", material, probe_shard,
+                                    (context, features, spec, magnification, cfg), work, suffix=".parquet",
+                                    gpu=cfg.device == "cuda"))
     return context, tasks
 
 
@@ -193,7 +190,7 @@ def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
 
     Keys are ``<protocol>/<name>``, e.g. ``mocv/macro_f1_mean`` or ``is/unit/<section>/macro_f1``.
     """
-    from cellpath.stats import protocol_summary, unit_scores
+    from cellpath.probing.stats import protocol_summary, unit_scores
 
     metrics: dict[str, float] = {}
     for protocol, part in frame.groupby("protocol", sort=False):
@@ -214,7 +211,7 @@ def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
 def summarise(runs: pd.DataFrame, magnifications: list[str], panels: dict[str, list[str]]) -> dict[str, pd.DataFrame]:
     """The paper's summaries of a run table (stats.py), computed on the fitted runs; ``panels``: the
     nested panels within the evaluated one (name → section ids) for the IS tables."""
-    from cellpath import stats
+    from cellpath.probing import stats
 
     ok = runs[runs["status"] == "ok"]
     summary = pd.concat([stats.protocol_summary(ok, m).assign(metric=m) for m in METRICS], ignore_index=True)
@@ -238,7 +235,7 @@ def summarise(runs: pd.DataFrame, magnifications: list[str], panels: dict[str, l
 def nested_panels(data_dir: Path, panel: str) -> dict[str, list[str]]:
     """The evaluated panel and every smaller panel of data/panels.csv (nested in it): name → sections."""
     size = int(panel[1:])
-    built = pd.read_csv(Path(data_dir) / "panels.csv", nrows=0).columns
+    built = pd.read_csv(panels_csv(data_dir), nrows=0).columns
     names = sorted((c for c in built if re.fullmatch(r"S\d+", c) and int(c[1:]) <= size), key=lambda c: int(c[1:]))
     return {name: panel_sections(data_dir, name)["section_id"].tolist() for name in names}
 
@@ -299,12 +296,12 @@ def write_outputs(reports: Path, runs: pd.DataFrame, summaries: dict[str, pd.Dat
                   metrics: dict) -> None:
     """The run table, the summary folder and metrics.json, each written atomically."""
     reports.mkdir(parents=True, exist_ok=True)
-    with atomic_output(reports / "probe_runs.parquet") as tmp:
+    with atomic_output(probe_runs_parquet(reports)) as tmp:
         runs.to_parquet(tmp, index=False)
-    with atomic_output(reports / "probe") as out:
+    with atomic_output(probe_reports(reports)) as out:
         out.mkdir()
         for name, frame in summaries.items():
             frame.to_csv(out / f"{name}.csv", index=False)
         (out / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
-    with atomic_output(reports / "metrics.json") as tmp:
+    with atomic_output(probe_metrics_json(reports)) as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -18,17 +18,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from cellpath.atomic import atomic_output
 from cellpath.config import Params
 from cellpath.errors import InputError
-from cellpath.io.layout import raw_dir
-from cellpath.selection import evaluated_encoders, headline_magnification
+from cellpath.features.encoders.registry import selected_encoders
+from cellpath.io.atomic import atomic_output
+from cellpath.io.layout import (COUNTS_NAME, label_summary_csv, panels_csv, probe_reports, probe_runs_parquet, raw_dir,
+                                report_figures, report_html, report_tables, robustness_reports)
+from cellpath.io.sections import read_section_index
 from cellpath.report import figures, tables
 from cellpath.report.render import Table, render_html
 from cellpath.report.thumbnails import section_thumbnail
-from cellpath.sections import read_section_index
-from cellpath.tracking import provenance_tags
-from cellpath.vocabulary import TAXONOMY_LABELS
+from cellpath.runtime.tracking import provenance_tags
+from cellpath.vocabulary import TAXONOMIES, TAXONOMY_LABELS, headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +89,17 @@ def _read(path: Path, stage: str, reader=pd.read_csv, **kwargs):
 
 def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
     """Read the probe, robustness, annotation and concordance outputs the report is made from."""
-    probe = {name: _read(reports / "probe" / f"{name}.csv", "probe") for name in PROBE_FILES}
-    counts = json.loads(_read(reports / "probe" / "counts.json", "probe", reader=Path.read_text))
-    runs = _read(reports / "probe_runs.parquet", "probe", reader=pd.read_parquet)
-    robustness = {name: _read(reports / "robustness" / f"{name}.csv", "robustness") for name in ROBUSTNESS_FILES}
-    margins = _read(reports / "robustness" / "margins.parquet", "robustness", reader=pd.read_parquet,
+    probe = {name: _read(probe_reports(reports) / f"{name}.csv", "probe") for name in PROBE_FILES}
+    counts = json.loads(_read(probe_reports(reports) / COUNTS_NAME, "probe", reader=Path.read_text))
+    runs = _read(probe_runs_parquet(reports), "probe", reader=pd.read_parquet)
+    robustness = {name: _read(robustness_reports(reports) / f"{name}.csv", "robustness") for name in ROBUSTNESS_FILES}
+    margins = _read(robustness_reports(reports) / "margins.parquet", "robustness", reader=pd.read_parquet,
                     columns=["model", "magnification", "readout", "taxonomy", "scope", "unit", "margin"])
-    label_summary = _read(data_dir / "labels" / "summary.csv", "annotate")
-    panels = _read(data_dir / "panels.csv", "concordance")
+    label_summary = _read(label_summary_csv(data_dir), "annotate")
+    panels = _read(panels_csv(data_dir), "concordance")
     registry = pd.DataFrame([{"name": s.name, "type": s.type, "params": s.params,
                               "pretrain_wsi_equivalent": s.pretrain_wsi_equivalent, "architecture": s.architecture}
-                             for s in evaluated_encoders(params)])
+                             for s in selected_encoders(params.extract.registry, params.extract.encoders)])
     return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry)
 
 
@@ -115,6 +116,13 @@ def _table(name: str, title: str, caption: str, numeric: pd.DataFrame, percent_p
 def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) -> dict[str, tuple[Table, pd.DataFrame]]:
     """Every table of the page, keyed by file name, as (display table, numeric frame); ``panel``: the
     evaluated panel (params.yaml ``panel``)."""
+    headline = headline_magnification(magnifications)
+    return (_probe_tables(inputs, magnifications, panel) | _cross_domain_tables(inputs, magnifications)
+            | _robustness_tables(inputs, headline) | _data_tables(inputs))
+
+
+def _probe_tables(inputs: ReportInputs, magnifications: list[str], panel: str) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """The headline, within-section (CRA, IS per readout and nested panel) tables."""
     probe, headline = inputs.probe, headline_magnification(magnifications)
     out: dict[str, tuple[Table, pd.DataFrame]] = {}
     out["headline"] = _table(
@@ -128,13 +136,13 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
             "(Eq. 4, taxonomies pooled) ± SD across organs; CRA wins: paired Wilcoxon over (section, taxonomy, seed) "
             "differences. Bold: best, underlined: second best.",
             tables.cra_table(probe["summary"], probe["cra_pooled"], magnification))
-        for taxonomy in ("fine", "coarse"):
+        for taxonomy in TAXONOMIES:
             numeric = tables.is_readout_table(probe["is_panels"], probe["cra_panels"], panel, magnification, taxonomy)
             out[f"is_{taxonomy}_{magnification}"] = _table(
                 f"is_{taxonomy}_{magnification}",
                 f"IS, all readouts — {panel}, {TAXONOMY_LABELS[taxonomy]}, {magnification}", IS_CAPTION, numeric)
     for smaller in sorted(set(probe["is_panels"]["panel"]) - {panel}, key=lambda name: -int(name[1:])):
-        for taxonomy in ("fine", "coarse"):
+        for taxonomy in TAXONOMIES:
             name = f"is_{taxonomy}_{headline}_{smaller}"
             out[name] = _table(name, f"IS, all readouts — nested panel {smaller}, {TAXONOMY_LABELS[taxonomy]}, {headline}",
                                IS_CAPTION + " Computed from this panel's sections alone (IS needs no refit).",
@@ -144,7 +152,14 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         "is_panels_all", "IS tables of every nested panel, magnification and metric",
         "Long form of the supplement's IS tables: organ-balanced mean and SD across sections per readout.",
         probe["is_panels"].set_index("model"), percent_pairs=False, percent_columns=())
-    for taxonomy in ("fine", "coarse"):
+    return out
+
+
+def _cross_domain_tables(inputs: ReportInputs, magnifications: list[str]) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """Cross-domain transfer, the CRA–CRT landscape, rank agreement, magnification and panel effects."""
+    probe, headline = inputs.probe, headline_magnification(magnifications)
+    out: dict[str, tuple[Table, pd.DataFrame]] = {}
+    for taxonomy in TAXONOMIES:
         out[f"cross_domain_{taxonomy}"] = _table(
             f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_LABELS[taxonomy]}, {headline}",
             "Nuc Macro-F1 and Macro-AUROC (mean ± SD, pp) per protocol; wins: Macro-F1 significant wins; CRT: "
@@ -175,6 +190,12 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         "so smaller panels are read from the same runs; cross-domain protocols need a run per panel "
         "(`dvc exp run -S panel=S10`).",
         panel.set_index("model").rename(columns={"macro_f1": "IS Nuc F1"}), percent_columns=("IS Nuc F1",))
+    return out
+
+
+def _robustness_tables(inputs: ReportInputs, headline: str) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """The robustness summary, shortcut probe, metric agreement, sensitivity and low-margin enrichment."""
+    out: dict[str, tuple[Table, pd.DataFrame]] = {}
     rob = tables.robustness_table(inputs.robustness["summary"], inputs.robustness["shortcut_summary"])
     out["robustness"] = _table(
         "robustness", "Robustness summary",
@@ -211,6 +232,12 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
         "among all scored cells (> 1: over-represented among the failures). The 15 most enriched are shown; every "
         "row is in reports/tables/low_margin_enrichment.csv.",
         enrichment.set_index("model"), percent_pairs=False, percent_columns=(), max_rows=15)
+    return out
+
+
+def _data_tables(inputs: ReportInputs) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """What was evaluated: cells per class and section, candidate sections and panels."""
+    out: dict[str, tuple[Table, pd.DataFrame]] = {}
     counts = tables.class_counts(inputs.label_summary)
     out["class_counts"] = (Table("class_counts", "Cells per Tfine class and section",
                                  "Eligible labelled cells; the last rows give the panel total and each class's share.",
@@ -300,9 +327,9 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     context = page_context(params, inputs, built, magnifications, pngs, paretos, thumbs, root or Path.cwd())
     html = render_html(context)
     write_report(reports, html, built, pngs, paretos, thumbs)
-    log.info("report: %s (%d tables, %d figures, %d thumbnails, %.1f MB)", reports / "index.html", len(built),
+    log.info("report: %s (%d tables, %d figures, %d thumbnails, %.1f MB)", report_html(reports), len(built),
              len(pngs) + len(paretos), len(thumbs), len(html) / 1e6)
-    return reports / "index.html"
+    return report_html(reports)
 
 
 def page_context(params: Params, inputs: ReportInputs, built: dict, magnifications: list[str], pngs: dict,
@@ -364,12 +391,12 @@ def _evaluated_cells(label_summary: pd.DataFrame, panel: pd.DataFrame) -> int:
 def write_report(reports: Path, html: str, built: dict, pngs: dict[str, bytes], paretos: list, thumbs: list) -> None:
     """index.html, tables/ and figures/, each replaced atomically."""
     reports.mkdir(parents=True, exist_ok=True)
-    with atomic_output(reports / "tables") as folder:
+    with atomic_output(report_tables(reports)) as folder:
         folder.mkdir()
         for name, (table, numeric) in built.items():
             numeric.to_csv(folder / f"{name}.csv")
             (folder / f"{name}.md").write_text(table.markdown())
-    with atomic_output(reports / "figures") as folder:
+    with atomic_output(report_figures(reports)) as folder:
         folder.mkdir()
         for name, png in pngs.items():
             if png is not None:
@@ -378,5 +405,5 @@ def write_report(reports: Path, html: str, built: dict, pngs: dict[str, bytes], 
             (folder / f"pareto_{i}.png").write_bytes(png)
         for thumb in thumbs:
             (folder / f"he_{thumb['section_id']}.png").write_bytes(thumb["png"])
-    with atomic_output(reports / "index.html") as tmp:
+    with atomic_output(report_html(reports)) as tmp:
         tmp.write_text(html)

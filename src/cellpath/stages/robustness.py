@@ -32,22 +32,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cellpath.atomic import atomic_output
-from cellpath.code_deps import stage_fingerprint
 from cellpath.config import Params, RobustnessConfig
-from cellpath.encoders.registry import EncoderSpec
 from cellpath.errors import ConfigError
-from cellpath.executor import Task, run_tasks, thread_settings
-from cellpath.feature_store import artifact_dir
-from cellpath.panel_cells import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
-from cellpath.readouts import readout_available
+from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
+from cellpath.features.panel import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.features.readouts import readout_available
+from cellpath.features.store import artifact_dir
+from cellpath.io.atomic import atomic_output
+from cellpath.io.layout import (features_dir, robustness_metrics_json, robustness_reports, section_index_csv,
+                                section_zarr)
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
 from cellpath.robustness.shortcut import split_levels, sweep_tables
-from cellpath.selection import evaluated_encoders, headline_magnification
-from cellpath.shards import (file_fingerprint, panel_digest, prune, read_context, shard_key,
-                             work_dir, write_context)
-from cellpath.tracking import Tracker, flat_metrics
+from cellpath.runtime.code_deps import stage_fingerprint
+from cellpath.runtime.executor import Task, run_tasks, thread_settings
+from cellpath.runtime.shards import file_fingerprint, prune, read_context, shard_task, work_dir, write_context
+from cellpath.runtime.tracking import Tracker, flat_metrics
+from cellpath.vocabulary import headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     started = time.perf_counter()
     cfg = params.robustness
     magnifications = params.stage_magnifications(cfg.magnifications)
-    encoders = evaluated_encoders(params)
+    encoders = selected_encoders(params.extract.registry, params.extract.encoders)
     panel = load_panel_cells(data_dir, params.panel)
     cells = panel.cells
     if cells[cfg.confounder].nunique() < 2:
@@ -91,9 +92,8 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     skipped = len(magnifications) * sum(1 for readout in cfg.readouts for spec in encoders
                                         if not readout_available(spec, readout))
     context, tasks, shortcut_tasks = robustness_tasks(params, data_dir, panel, encoders, magnifications)
-    tracker = Tracker(params.mlflow, "robustness", root)
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
-    try:
+    with Tracker(params.mlflow, "robustness", root) as tracker:
         outcomes = run_tasks(tasks + shortcut_tasks, params.executor)
         for outcome in outcomes[:len(tasks)]:  # in task order: the tables do not depend on the executor
             shard_rows = pd.read_parquet(outcome.output / "summary.parquet").to_dict("records")
@@ -127,10 +127,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                sensitivity, sensitivity_agreement(sensitivity, list(CONDITION_KEYS), cfg.m))
         tracker.finish({"panel": params.panel, "group": cfg.group, "confounder": cfg.confounder, "m": cfg.m,
                         "alpha": cfg.alpha, "k": cfg.k, "scopes": ",".join(cfg.scopes)},
-                       flat_metrics(metrics), [reports / "robustness" / "summary.csv"])
-    except BaseException:
-        tracker.finish({}, {}, failed=True)
-        raise
+                       flat_metrics(metrics), [robustness_reports(reports) / "summary.csv"])
     prune(context.parent, [context, *(task.output for task in tasks + shortcut_tasks)])
     log.info("robustness: %d scored conditions (%d model × readout pairs without a CLS token skipped) in %.1f s; "
              "MLflow %.1f s blocking, %.1f s in the logging thread", len(summary), skipped,
@@ -150,18 +147,18 @@ def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders
     data_dir = Path(data_dir).resolve()
     work = work_dir(data_dir, "robustness")
     basis = {"code": stage_fingerprint("robustness"), "threads": thread_settings(), "panel": params.panel,
-             "cells": panel_digest(panel), "robustness": cfg.model_dump(mode="json"),
-             "sections": file_fingerprint([data_dir / "sections" / "sections.csv",
-                                           *(data_dir / "sections" / f"{s}.zarr" for s in panel.rows_in_section)])}
+             "cells": panel.digest(), "robustness": cfg.model_dump(mode="json"),
+             "sections": file_fingerprint([section_index_csv(data_dir),
+                                           *(section_zarr(data_dir, s) for s in panel.rows_in_section)])}
     context = write_context(work, "robustness", basis, panel)
     gpu = faiss.get_num_gpus() > 0
 
     def task(name: str, fn, args: tuple, specs: list[EncoderSpec], magnification: str, **material) -> Task:
-        features = file_fingerprint([artifact_dir(data_dir / "features", spec.slug, magnification, section_id)
+        features = file_fingerprint([artifact_dir(features_dir(data_dir), spec.slug, magnification, section_id)
                                      for spec in specs for section_id in panel.rows_in_section])
-        key = shard_key("robustness", name, basis | material | {
-            "magnification": magnification, "features": features, "encoders": [s.model_dump(mode="json") for s in specs]})
-        return Task(key, fn, (context, data_dir, *args), work / key, gpu=gpu)
+        material = basis | material | {"magnification": magnification, "features": features,
+                                        "encoders": [s.model_dump(mode="json") for s in specs]}
+        return shard_task("robustness", name, material, fn, (context, data_dir, *args), work, gpu=gpu)
 
     tasks = []
     for magnification in magnifications:
@@ -203,7 +200,7 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
     panel = read_context(context)
     cells = panel.cells
     groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in specs}
-    bases = {spec.slug: load_base_readouts(data_dir / "features", spec.slug, magnification, panel) for spec in specs}
+    bases = {spec.slug: load_base_readouts(features_dir(data_dir), spec.slug, magnification, panel) for spec in specs}
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
     for taxonomy in cfg.taxonomies:
         for scope in cfg.scopes:
@@ -298,7 +295,7 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
     cfg = robustness.shortcut
     panel = read_context(context)
     cells = panel.cells
-    x = readout_matrix(load_base_readouts(data_dir / "features", spec.slug, magnification, panel), cfg.readout)
+    x = readout_matrix(load_base_readouts(features_dir(data_dir), spec.slug, magnification, panel), cfg.readout)
     groups = cell_groups(data_dir, panel, spec, magnification, robustness)
     try:
         sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
@@ -348,7 +345,7 @@ def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichme
            curves: pd.DataFrame, shortcut: pd.DataFrame, agreement: pd.DataFrame, metrics: dict,
            sensitivity: pd.DataFrame, sensitivity_agreement_table: pd.DataFrame) -> None:
     reports.mkdir(parents=True, exist_ok=True)
-    with atomic_output(reports / "robustness") as out:
+    with atomic_output(robustness_reports(reports)) as out:
         out.mkdir()
         summary.to_csv(out / "summary.csv", index=False)
         margins.to_parquet(out / "margins.parquet", index=False)
@@ -358,5 +355,5 @@ def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichme
         agreement.to_csv(out / "agreement.csv", index=False)
         sensitivity.to_csv(out / "sensitivity.csv", index=False)
         sensitivity_agreement_table.to_csv(out / "sensitivity_agreement.csv", index=False)
-    with atomic_output(reports / "robustness_metrics.json") as tmp:
+    with atomic_output(robustness_metrics_json(reports)) as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cellpath.atomic import atomic_output
 from cellpath.config import load_params
 from cellpath.errors import ConfigError
+from cellpath.io.atomic import atomic_output
 from cellpath.preflight import check_project
 
 

@@ -1,0 +1,155 @@
+"""Reference-guided label transfer: scRNA-seq reference → Xenium cells, on the genes they share.
+
+Both sides are normalised the same way — counts per cell scaled to a common total, then log1p
+(scanpy) — and then z-scored with the *reference's* per-gene mean and SD, i.e. the query is
+projected into the reference's space, as scanpy's ``ingest`` does. Centring each dataset on its
+own mean was tried and rejected: a section that is 80 % hepatocytes has a high mean ALB, so its
+hepatocytes lose their marker signal (see docs/decisions/0005). A multinomial logistic regression
+(scikit-learn, class-balanced, L2) fitted on the reference predicts every Xenium cell; its
+highest class probability is the cell's confidence.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import scanpy as sc
+from scipy import sparse
+from sklearn.linear_model import LogisticRegression
+
+from cellpath.annotation.ontology import ONTOLOGY_VOCABULARY, map_reference_labels
+from cellpath.errors import InputError
+
+UNCERTAIN = "Uncertain cell"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A labelled reference: raw counts (cells × genes) and ontology labels per cell."""
+
+    name: str
+    path: Path
+    counts: sparse.csr_matrix
+    genes: tuple[str, ...]
+    labels: np.ndarray  # ontology names
+
+
+def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, section: str | None) -> sparse.csr_matrix:
+    matrix = sparse.csr_matrix(matrix)
+    data = matrix.data
+    if not np.all(np.isfinite(data)):
+        raise InputError(f"{what} contains {int((~np.isfinite(data)).sum())} NaN or infinite counts", path=path,
+                         section=section)
+    if (data < 0).any():
+        raise InputError(f"{what} contains {int((data < 0).sum())} negative counts; raw counts are required",
+                         path=path, section=section)
+    return matrix
+
+
+def load_reference(path: Path, label_column: str, vocabulary: str | None) -> Reference:
+    """Read a reference .h5ad and map its labels onto the ontology (InputError names the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("reference file not found", path=path)
+    try:
+        adata = ad.read_h5ad(path)
+    except Exception as exc:  # h5py/anndata raise several types for corrupt files
+        raise InputError(f"cannot read the reference ({type(exc).__name__}: {exc})", path=path) from None
+    if label_column not in adata.obs:
+        raise InputError(f"reference has no label column {label_column!r} in obs (columns: "
+                         f"{', '.join(map(str, adata.obs.columns))}); set annotate.label_column", path=path)
+    counts = adata.layers["counts"] if "counts" in adata.layers else adata.X
+    counts = check_counts(counts, "reference counts", path, None)
+    meta = adata.uns.get("reference")
+    declared = meta.get("label_vocabulary") if isinstance(meta, dict) else None
+    vocabulary = vocabulary or declared or ONTOLOGY_VOCABULARY
+    raw_labels = adata.obs[label_column].astype(str).to_numpy()
+    try:
+        mapping = map_reference_labels(list(raw_labels), vocabulary)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0]), path=path) from None
+    labels = np.array([mapping[label] for label in raw_labels], dtype=object)
+    return Reference(path.stem, path, counts, tuple(map(str, adata.var_names)), labels)
+
+
+def log_normalise(counts: sparse.spmatrix, target_sum: float = 1e3) -> np.ndarray:
+    """Counts per cell scaled to ``target_sum``, then log1p (dense float32, cells × genes)."""
+    adata = ad.AnnData(X=sparse.csr_matrix(counts, dtype=np.float32))
+    sc.pp.normalize_total(adata, target_sum=target_sum)
+    sc.pp.log1p(adata)
+    return adata.X.toarray()
+
+
+@dataclass(frozen=True)
+class GeneScaler:
+    """Per-gene mean and SD of the reference's log-normalised expression."""
+
+    mean: np.ndarray
+    sd: np.ndarray
+
+    @classmethod
+    def fit(cls, logged: np.ndarray) -> "GeneScaler":
+        sd = logged.std(axis=0)
+        return cls(logged.mean(axis=0), np.where(sd > 1e-6, sd, 1.0))
+
+    def transform(self, logged: np.ndarray) -> np.ndarray:
+        return np.clip((logged - self.mean) / self.sd, -10.0, 10.0).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class TransferModel:
+    """A classifier fitted on a reference over a fixed, ordered gene list."""
+
+    reference: str
+    genes: tuple[str, ...]
+    scaler: GeneScaler
+    classifier: LogisticRegression
+
+    @property
+    def classes(self) -> np.ndarray:
+        return self.classifier.classes_
+
+
+def fit_transfer(reference: Reference, panel_genes: tuple[str, ...], *, regularisation_c: float,
+                 min_shared_genes: int, section: str | None = None) -> TransferModel:
+    """Fit the classifier on the genes shared by the reference and the panel (panel order)."""
+    ref_index = {g: i for i, g in enumerate(reference.genes)}
+    shared = tuple(g for g in panel_genes if g in ref_index)
+    if len(shared) < min_shared_genes:
+        raise InputError(
+            f"the reference shares {len(shared)} gene(s) with the Xenium panel (at least {min_shared_genes} needed); "
+            "it is the wrong reference for this section or uses other gene identifiers", path=reference.path,
+            section=section)
+    logged = log_normalise(reference.counts[:, [ref_index[g] for g in shared]])
+    scaler = GeneScaler.fit(logged)
+    classifier = LogisticRegression(C=regularisation_c, class_weight="balanced", max_iter=2000, tol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny references
+        classifier.fit(scaler.transform(logged), reference.labels.astype(str))
+    return TransferModel(reference.name, shared, scaler, classifier)
+
+
+@dataclass(frozen=True)
+class Transferred:
+    """Per-cell transfer result: predicted ontology type, its probability, and the final label."""
+
+    predicted: np.ndarray
+    confidence: np.ndarray
+    label: np.ndarray  # predicted, or "Uncertain cell" below the confidence threshold
+
+
+def transfer_labels(model: TransferModel, counts: sparse.spmatrix, panel_genes: tuple[str, ...],
+                    confidence_threshold: float) -> Transferred:
+    """Predict every cell of a section (``counts``: cells × ``panel_genes``)."""
+    index = {g: i for i, g in enumerate(panel_genes)}
+    logged = log_normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]])
+    probabilities = model.classifier.predict_proba(model.scaler.transform(logged))
+    best = probabilities.argmax(axis=1)
+    predicted = model.classes[best].astype(object)
+    confidence = probabilities[np.arange(len(best)), best]
+    label = np.where(confidence >= confidence_threshold, predicted, UNCERTAIN).astype(object)
+    return Transferred(predicted, confidence, label)

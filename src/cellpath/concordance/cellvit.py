@@ -1,0 +1,307 @@
+"""Read CellViT++ nucleus detections and map their PanNuke classes to Tcoarse.
+
+CellViT++ writes, per slide ``<wsi>`` (the slide's file name up to its first dot), into its output
+folder (older releases) or into a sub-folder per slide (newer ones):
+
+- ``<wsi>_cells.json`` / ``cells.json``: ``{"wsi_metadata": {...}, "type_map": {"1": "Neoplastic",
+  ...}, "cells": [{"bbox", "centroid": [x, y], "contour", "type_prob", "type", ...}, ...]}``;
+- ``<wsi>_cell_detection.json`` / ``cell_detection.json``: the same with bbox, centroid and type;
+- ``<wsi>_cells.geojson`` / ``<wsi>_cell_detection.geojson`` with ``--geojson``: a list (or a
+  FeatureCollection) of Features, one per class, whose geometry is a MultiPolygon (contours) or a
+  MultiPoint (centroids) and whose class is ``properties.classification.name``;
+- any of these with ``.snappy`` appended with ``--compression`` (raw snappy blocks).
+
+Coordinates are level-0 px of the slide CellViT++ was run on. ``type_map`` keys are strings in the
+file and the cells' ``type`` are integers. The default PanNuke classes map to Tcoarse as in
+``PANNUKE_TO_COARSE``; Dead nuclei have no Tcoarse class and are dropped (and counted).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from cellpath.annotation.ontology import COARSE_CLASSES
+from cellpath.concordance.detections import Detections
+from cellpath.errors import InputError
+
+EPITHELIAL, IMMUNE, STROMAL = COARSE_CLASSES
+
+# PanNuke class → Tcoarse class; None: no Tcoarse class (dropped).
+PANNUKE_TO_COARSE: dict[str, str | None] = {
+    "Neoplastic": EPITHELIAL,
+    "Epithelial": EPITHELIAL,
+    "Inflammatory": IMMUNE,
+    "Connective": STROMAL,
+    "Dead": None,
+}
+# Output kinds in order of preference, and the file names CellViT++ gives them.
+OUTPUT_KINDS: tuple[str, ...] = ("cells.json", "cell_detection.json", "cells.geojson", "cell_detection.geojson")
+MPP_TOLERANCE = 0.05  # relative difference allowed between the detections' and the slide's mpp
+_MPP_KEYS = ("base_mpp", "slide_mpp", "mpp")
+_SNAPPY_FRAMED_MAGIC = b"\xff\x06\x00\x00sNaPpY"
+
+
+def read_cellvit(path: Path | str, *, slide_mpp: float | None = None,
+                 slide_dimensions: tuple[int, int] | None = None) -> Detections:
+    """Read one CellViT++ output file (any of the formats in the module docstring).
+
+    ``slide_mpp`` (µm per level-0 px of the H&E) is checked against the mpp CellViT++ recorded in
+    ``wsi_metadata``; ``slide_dimensions`` (level-0 width, height in px) against the detections'
+    extent. Raises InputError naming the file for anything malformed or inconsistent.
+    """
+    path = Path(path)
+    document = _load_json(path)
+    if _is_geojson(path):
+        names, xy = _geojson_detections(document, path)
+    else:
+        _check_mpp(document, slide_mpp, path)
+        names, xy = _json_detections(document, path)
+    if len(names) == 0:
+        raise InputError("the CellViT++ output holds no detections; rerun CellViT++ on this slide or "
+                         "check that the tissue was found", path=path)
+    if slide_dimensions is not None:
+        _check_inside(xy, slide_dimensions, path)
+    classes = {name: _coarse_class(name, path) for name in set(names)}
+    coarse = np.array([classes[name] for name in names], dtype=object)
+    kept = np.array([c is not None for c in coarse], dtype=bool)
+    return Detections(x_px=xy[kept, 0], y_px=xy[kept, 1], label=np.asarray(names, dtype=object)[kept],
+                      coarse=coarse[kept], n_dropped=int((~kept).sum()), source=str(path))
+
+
+def find_cellvit_output(folder: Path | str, section_id: str, *, wsi_name: str | None = None) -> Path:
+    """The CellViT++ output file for one section in a CellViT++ output folder.
+
+    A file belongs to the section when its slide name (``<wsi>`` in ``<wsi>_cells.json`` or the
+    sub-folder holding ``cells.json``), less a trailing ``.ome`` and ``_he_image``, equals
+    ``section_id``, or equals ``wsi_name`` (the H&E file name, e.g. ``X_he_image.ome.tif``) up to its
+    first dot. Preference: cells.json, cell_detection.json, cells.geojson, cell_detection.geojson;
+    an uncompressed file before its ``.snappy`` variant.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError("CellViT++ output folder not found; set it to the folder CellViT++ wrote (--outdir)",
+                         path=folder, section=section_id)
+    wanted = {_slide_key(section_id)}
+    if wsi_name is not None:
+        wanted.add(_slide_key(Path(wsi_name).name.split(".")[0]))
+    candidates: dict[tuple[int, bool], list[Path]] = {}
+    for file in sorted(folder.rglob("*")):
+        kind = _output_kind(file.name)
+        if kind is None or not file.is_file():
+            continue
+        if file.name.removesuffix(".snappy") == kind:  # folder layout: <outdir>/<wsi>/cells.json
+            slide = file.parent.name if file.parent != folder else None
+        else:
+            slide = file.name.removesuffix(".snappy")[: -len(kind) - 1]
+        if slide is not None and _slide_key(slide) in wanted:
+            rank = (OUTPUT_KINDS.index(kind), file.name.endswith(".snappy"))
+            candidates.setdefault(rank, []).append(file)
+    if not candidates:
+        raise InputError(f"no CellViT++ output for this section (looked for <slide>_{{{', '.join(OUTPUT_KINDS)}}}"
+                         f"[.snappy] with slide name {sorted(wanted)}); run CellViT++ on its H&E or rename the "
+                         f"output", path=folder, section=section_id)
+    best = candidates[min(candidates)]
+    if len(best) > 1:
+        raise InputError(f"several CellViT++ outputs match this section: {[str(p) for p in best]}; keep one",
+                         path=folder, section=section_id)
+    return best[0]
+
+
+def _output_kind(name: str) -> str | None:
+    base = name.removesuffix(".snappy")
+    for kind in OUTPUT_KINDS:
+        if base == kind or base.endswith("_" + kind):
+            return kind
+    return None
+
+
+def _slide_key(slide: str) -> str:
+    """A slide name without the ``.ome`` and ``_he_image`` that 10x H&E file names carry."""
+    return re.sub(r"(_he_image)?(\.ome)?$", "", slide)
+
+
+def _is_geojson(path: Path) -> bool:
+    return path.name.removesuffix(".snappy").endswith(".geojson")
+
+
+def _load_json(path: Path):
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the CellViT++ output ({exc.strerror})", path=path) from None
+    if path.name.endswith(".snappy"):
+        raw = _snappy_decompress(raw, path)
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"the CellViT++ output is not valid JSON ({exc}); it may be truncated — rerun "
+                         f"CellViT++ or copy the file again", path=path) from None
+
+
+def _snappy_decompress(data: bytes, path: Path) -> bytes:
+    """Raw (CellViT++'s ``snappy.compress``) or framed snappy data, decompressed."""
+    decompress = _snappy_codec(path)
+    try:
+        return decompress(data, data.startswith(_SNAPPY_FRAMED_MAGIC))
+    except Exception as exc:  # python-snappy and cramjam raise their own error types
+        raise InputError(f"the .snappy file could not be decompressed ({type(exc).__name__}); it may be "
+                         f"truncated or not snappy-compressed", path=path) from None
+
+
+def _snappy_codec(path: Path) -> Callable[[bytes, bool], bytes]:
+    """decompress(data, framed) from python-snappy, else from cramjam (which python-snappy ≥ 0.7 uses)."""
+    try:
+        import snappy
+
+        return lambda data, framed: (snappy.StreamDecompressor().decompress(data) if framed
+                                     else snappy.decompress(data))
+    except ImportError:
+        pass
+    try:
+        import cramjam
+
+        return lambda data, framed: bytes(cramjam.snappy.decompress(data) if framed
+                                          else cramjam.snappy.decompress_raw(data))
+    except ImportError:
+        raise InputError("reading .snappy CellViT++ outputs needs python-snappy: pip install python-snappy "
+                         "(or decompress the file and pass the .json)", path=path) from None
+
+
+def _check_mpp(document, slide_mpp: float | None, path: Path) -> None:
+    if slide_mpp is None or not isinstance(document, dict) or not isinstance(document.get("wsi_metadata"), dict):
+        return
+    metadata = document["wsi_metadata"]
+    recorded = next((metadata[k] for k in _MPP_KEYS if metadata.get(k) is not None), None)
+    if recorded is None:
+        return
+    try:
+        recorded = float(recorded)
+    except (TypeError, ValueError):
+        raise InputError(f"wsi_metadata mpp is not a number: {recorded!r}", path=path) from None
+    if abs(recorded - slide_mpp) > MPP_TOLERANCE * slide_mpp:
+        raise InputError(f"CellViT++ ran on a slide of {recorded:g} µm/px but the section's H&E is "
+                         f"{slide_mpp:g} µm/px (more than {MPP_TOLERANCE:.0%} apart); rerun CellViT++ on this "
+                         f"section's H&E image", path=path)
+
+
+def _json_detections(document, path: Path) -> tuple[list[str], np.ndarray]:
+    """Class names and (N, 2) centroids from a cells.json / cell_detection.json document."""
+    if not isinstance(document, dict):
+        raise InputError("expected a JSON object with keys wsi_metadata, type_map and cells", path=path)
+    missing = [k for k in ("type_map", "cells") if k not in document]
+    if missing:
+        raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
+                         path=path)
+    type_map, cells = document["type_map"], document["cells"]
+    if not isinstance(type_map, dict) or not isinstance(cells, list):
+        raise InputError("type_map must be an object and cells a list", path=path)
+    complete = [isinstance(c, dict) and "centroid" in c and "type" in c for c in cells]
+    if not all(complete):
+        incomplete = complete.index(False)
+        raise InputError(f"cell {incomplete} has no centroid or type", path=path)
+    centroids = [cell["centroid"] for cell in cells]
+    keys = [str(cell["type"]) for cell in cells]
+    unknown = set(keys) - set(type_map)
+    if unknown:
+        first = next(i for i, k in enumerate(keys) if k in unknown)
+        raise InputError(f"cell {first} has class id {cells[first]['type']!r}, which type_map does not list "
+                         f"(ids: {sorted(type_map)})", path=path)
+    return [str(type_map[k]) for k in keys], _points(centroids, path, "cell")
+
+
+def _points(values: list, path: Path, what: str) -> np.ndarray:
+    """(N, 2) float array of [x, y] pairs; InputError naming the first bad one."""
+    if len(values) == 0:
+        return np.empty((0, 2))
+    try:
+        xy = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        xy = None
+    if xy is None or xy.shape != (len(values), 2) or not np.all(np.isfinite(xy)):
+        for i, value in enumerate(values):
+            _point(value, path, f"{what} {i}")
+    return xy
+
+
+def _geojson_detections(document, path: Path) -> tuple[list[str], np.ndarray]:
+    """Class names and (N, 2) centres from GeoJSON Features (polygons give their centroid)."""
+    if isinstance(document, dict) and document.get("type") == "FeatureCollection":
+        document = document.get("features")
+    if not isinstance(document, list):
+        raise InputError("expected a GeoJSON FeatureCollection or a list of Features", path=path)
+    names, blocks = [], []
+    for i, feature in enumerate(document):
+        try:
+            name = str(feature["properties"]["classification"]["name"])
+            geometry = feature["geometry"]
+            kind, coordinates = geometry["type"], geometry["coordinates"]
+        except (KeyError, TypeError):
+            raise InputError(f"feature {i} lacks geometry.type, geometry.coordinates or "
+                             f"properties.classification.name", path=path) from None
+        points = _geometry_points(kind, coordinates, path, f"feature {i}")
+        names.extend([name] * len(points))
+        blocks.append(points)
+    return names, np.concatenate(blocks) if blocks else np.empty((0, 2))
+
+
+def _geometry_points(kind: str, coordinates, path: Path, where: str) -> np.ndarray:
+    """(N, 2) centres of one geometry: its points, or its polygons' outer-ring centroids."""
+    try:
+        if kind == "Point":
+            return _point(coordinates, path, where)[None, :]
+        if kind == "MultiPoint":
+            return _points(coordinates, path, f"{where} point")
+        if kind == "Polygon":
+            return _polygon_centroid(coordinates[0], path, where)[None, :]
+        if kind == "MultiPolygon":
+            return np.array([_polygon_centroid(polygon[0], path, where) for polygon in coordinates]).reshape(-1, 2)
+    except (TypeError, IndexError):
+        raise InputError(f"{where}: malformed {kind} coordinates", path=path) from None
+    raise InputError(f"{where}: unsupported geometry {kind!r} (expected Point, MultiPoint, Polygon or "
+                     f"MultiPolygon)", path=path)
+
+
+def _point(value, path: Path, where: str) -> np.ndarray:
+    try:
+        point = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        point = None
+    if point is None or point.shape != (2,) or not np.all(np.isfinite(point)):
+        raise InputError(f"{where} must be two finite numbers [x, y], got {value!r}", path=path)
+    return point
+
+
+def _polygon_centroid(ring, path: Path, where: str) -> np.ndarray:
+    """Area centroid of a closed or open ring of [x, y] vertices (vertex mean if degenerate)."""
+    vertices = _points(ring, path, f"{where} vertex")
+    if len(vertices) == 0:
+        raise InputError(f"{where}: empty polygon", path=path)
+    x, y = vertices[:, 0], vertices[:, 1]
+    xn, yn = np.roll(x, -1), np.roll(y, -1)
+    cross = x * yn - xn * y
+    area = cross.sum() / 2.0
+    if abs(area) < 1e-12:
+        return vertices.mean(axis=0)
+    return np.array([((x + xn) * cross).sum(), ((y + yn) * cross).sum()]) / (6.0 * area)
+
+
+def _coarse_class(name: str, path: Path) -> str | None:
+    if name not in PANNUKE_TO_COARSE:
+        raise InputError(f"class {name!r} is not a PanNuke class ({', '.join(PANNUKE_TO_COARSE)}); run CellViT++ "
+                         f"with the default PanNuke taxonomy", path=path)
+    return PANNUKE_TO_COARSE[name]
+
+
+def _check_inside(xy: np.ndarray, slide_dimensions: tuple[int, int], path: Path) -> None:
+    width, height = slide_dimensions
+    outside = (xy[:, 0] < 0) | (xy[:, 0] > width) | (xy[:, 1] < 0) | (xy[:, 1] > height)
+    if outside.any():
+        first = xy[np.argmax(outside)]
+        raise InputError(f"{int(outside.sum())} detection(s) lie outside the {width}×{height} px slide (first at "
+                         f"x={first[0]:g}, y={first[1]:g}); CellViT++ was run on a different image or level",
+                         path=path)

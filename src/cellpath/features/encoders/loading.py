@@ -1,0 +1,281 @@
+"""Build a frozen encoder from its registry row and read its token grid.
+
+Weights for a ``timm`` row come, in this order, from a local checkpoint
+``<weights_dir>/<slug>/{model.safetensors, pytorch_model.bin}`` or from a snapshot already in the
+Hugging Face cache (looked up on disk only: nothing is downloaded). Both are loaded strictly into
+the architecture the row describes, so a wrong row is an error, not silently different features.
+``custom:`` rows raise :class:`EncoderUnavailable` saying what they need; ``offline:`` rows need
+no weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import timm
+import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import try_to_load_from_cache
+from torch import nn
+
+from cellpath.errors import CellPathError
+from cellpath.features.encoders.filterbank import FilterBankEncoder
+from cellpath.features.encoders.registry import EncoderSpec
+
+CHECKPOINT_FILENAMES = ("model.safetensors", "pytorch_model.bin")
+TIMM_LAYERS: dict[str, type[nn.Module]] = {
+    "Mlp": timm.layers.Mlp,
+    "SwiGLU": timm.layers.SwiGLU,
+    "SwiGLUPacked": timm.layers.SwiGLUPacked,
+    "GELU": nn.GELU,
+    "SiLU": nn.SiLU,
+}
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
+
+
+class EncoderUnavailable(CellPathError):
+    """The encoder cannot be built here: weights are missing or cellpath has no loader for it."""
+
+
+class EncoderLoadError(CellPathError):
+    """Weights or outputs disagree with the registry row (fix the row or the checkpoint)."""
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """A checkpoint found on disk and the revision it resolves to."""
+
+    path: Path
+    revision: str  # HF snapshot commit hash, or "sha256:<hex>" of a local file
+    origin: Literal["local", "hf-cache"]
+
+
+@dataclass(eq=False)
+class Encoder:
+    """A frozen encoder in eval mode with the provenance of its weights."""
+
+    spec: EncoderSpec
+    module: nn.Module
+    device: torch.device
+    weights: str  # where the weights came from
+    revision: str  # the resolved revision, for feature sidecars
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """Autocast dtype: the row's precision on CUDA, none (fp32) elsewhere."""
+        return AUTOCAST_DTYPES[self.spec.precision] if self.device.type == "cuda" else None
+
+    @torch.inference_mode()
+    def forward_tokens(self, images: np.ndarray | torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Images → (cls (B, D) or None, grid (B, H, W, D)), float32 on the encoder's device.
+
+        ``images``: (B, S, S, 3) RGB patches read at the target mpp, S = ``spec.input_size``; uint8
+        in 0-255 or float in [0, 1]. Grid cell (i, j) is the token of input px rows
+        [i·p, (i+1)·p) and columns [j·p, (j+1)·p), p = ``spec.patch_size``.
+        """
+        pixels = images_to_tensor(images, self.spec, self.device)
+        dtype = self.autocast_dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            tokens = self.module.forward_features(pixels)
+        return split_tokens(self.spec, tokens.float())
+
+
+def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), device: str | torch.device = "cpu",
+                 hf_cache_dir: Path | None = None) -> Encoder:
+    """Build ``spec``'s encoder on ``device`` with its weights (see the module docstring for where
+    they are looked up; ``hf_cache_dir`` defaults to the Hugging Face hub cache)."""
+    device = torch.device(device)
+    if spec.loader.startswith("custom:"):
+        raise EncoderUnavailable(
+            f"{spec.name}: cellpath has no loader for {spec.loader!r} yet; it needs {spec.requires}. "
+            "Leave this model out of the extract matrix until that adapter exists."
+        )
+    if spec.loader == "offline:filterbank":
+        module, weights, revision = FilterBankEncoder(token_stride=spec.patch_size), "none (weight-free)", "weight-free"
+    elif spec.loader == "offline:random-vit":
+        with torch.random.fork_rng(devices=[]):  # built on the CPU: the same weights on any device
+            torch.manual_seed(spec.init_seed)
+            module = build_timm_module(spec)
+        weights = f"random initialisation (seed {spec.init_seed})"
+        revision = f"init_seed={spec.init_seed};torch={torch.__version__};timm={timm.__version__}"
+    else:
+        found = find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        if found.origin == "hf-cache":
+            check_hub_config(spec, found.path.parent / "config.json")
+        with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
+            module = build_timm_module(spec)
+        load_weights_strict(module, read_state_dict(found.path, spec), spec, found.path)
+        weights, revision = str(found.path), found.revision
+    check_module(spec, module)
+    module.eval().requires_grad_(False).to(device)
+    return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
+
+
+def build_timm_module(spec: EncoderSpec) -> nn.Module:
+    """The row's timm architecture, randomly initialised (``pretrained=False``: no download)."""
+    kwargs = {key: TIMM_LAYERS[value] if key in ("mlp_layer", "act_layer") else value
+              for key, value in spec.timm_kwargs.items()}
+    try:
+        return timm.create_model(spec.timm_model, pretrained=False, **kwargs)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise EncoderLoadError(
+            f"{spec.name}: timm cannot build {spec.timm_model!r} with timm_kwargs {spec.timm_kwargs} ({exc}); "
+            "fix this row in models/encoders.yaml"
+        ) from None
+
+
+def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
+                 hf_cache_dir: Path | None = None) -> WeightsFile:
+    """The first checkpoint found: ``<weights_dir>/<slug>/`` then the HF cache snapshot of
+    ``spec.hub_id`` at ``spec.revision``. Raises one EncoderUnavailable naming both places."""
+    local_dir = Path(weights_dir) / spec.slug
+    for filename in CHECKPOINT_FILENAMES:
+        if (local_dir / filename).is_file():
+            return WeightsFile(local_dir / filename, "sha256:" + _sha256(local_dir / filename), "local")
+    cache_dir = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
+    for filename in CHECKPOINT_FILENAMES:
+        cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision)
+        if isinstance(cached, str):
+            return WeightsFile(Path(cached), Path(cached).parent.name, "hf-cache")
+    names = " or ".join(CHECKPOINT_FILENAMES)
+    raise EncoderUnavailable(
+        f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
+        f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
+        f"`hf download {spec.hub_repo} --revision {spec.revision}` (older huggingface_hub: "
+        f"`huggingface-cli download`) on a machine with hub access, gated repos after accepting their "
+        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a timm "
+        f"{spec.timm_model} state dict into {local_dir}/ as {names}."
+    )
+
+
+def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
+    """A flat state dict from a .safetensors or torch pickle (weights_only) file."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same actionable message
+        raise EncoderLoadError(f"{spec.name}: cannot read checkpoint {path} ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise EncoderLoadError(f"{spec.name}: checkpoint {path} is not a flat state dict of tensors "
+                               "(save model.state_dict() itself)")
+    return state
+
+
+def load_weights_strict(module: nn.Module, state: dict[str, torch.Tensor], spec: EncoderSpec, path: Path) -> None:
+    """Load ``state`` into ``module``; any missing, unexpected or misshapen key is an error."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    misshapen = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                 if k in state and state[k].shape != v.shape]
+    if missing or unexpected or misshapen:
+        raise EncoderLoadError(
+            f"{spec.name}: checkpoint {path} does not match timm {spec.timm_model} with the registry's "
+            f"timm_kwargs: {_first(missing, 'missing')}; {_first(unexpected, 'unexpected')}; "
+            f"{_first(misshapen, 'misshapen (checkpoint vs model)')}. Fix timm_kwargs in models/encoders.yaml "
+            "or provide the checkpoint of this model."
+        )
+    module.load_state_dict(state, strict=True)
+
+
+def check_hub_config(spec: EncoderSpec, config_path: Path) -> None:
+    """Compare a cached hub ``config.json`` (timm format) with the row, when the file exists:
+    architecture, model_args present in both, and the pretrained mean/std."""
+    if not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    problems = []
+    if config.get("architecture") not in (None, spec.timm_model):
+        problems.append(f"architecture {config['architecture']!r} vs timm_model {spec.timm_model!r}")
+    for key, value in (config.get("model_args") or {}).items():
+        if key in spec.timm_kwargs and not _same(spec.timm_kwargs[key], value):
+            problems.append(f"model_args.{key} {value!r} vs timm_kwargs.{key} {spec.timm_kwargs[key]!r}")
+    pretrained = config.get("pretrained_cfg") or {}
+    for key in ("mean", "std"):
+        if key in pretrained and not _same(tuple(pretrained[key]), getattr(spec, key)):
+            problems.append(f"pretrained_cfg.{key} {pretrained[key]} vs {key} {list(getattr(spec, key))}")
+    if problems:
+        raise EncoderLoadError(f"{spec.name}: the cached hub config {config_path} disagrees with "
+                               f"models/encoders.yaml: {'; '.join(problems)}. Fix the registry row.")
+
+
+def check_module(spec: EncoderSpec, module: nn.Module) -> None:
+    """The built module's prefix-token count and token width must match the row."""
+    for attribute, field in (("num_prefix_tokens", "num_prefix_tokens"), ("num_features", "embed_dim")):
+        value = getattr(module, attribute, None)
+        if value != getattr(spec, field):
+            raise EncoderLoadError(
+                f"{spec.name}: the built module has {attribute} = {value}, the registry row says "
+                f"{field} = {getattr(spec, field)}; fix {field} or timm_kwargs in models/encoders.yaml"
+            )
+
+
+def images_to_tensor(images: np.ndarray | torch.Tensor, spec: EncoderSpec, device: torch.device) -> torch.Tensor:
+    """(B, S, S, 3) uint8 or [0, 1] float RGB → normalised (B, 3, S, S) float32 on ``device``."""
+    pixels = torch.as_tensor(images)
+    size = spec.input_size
+    if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (size, size, 3):
+        raise ValueError(f"{spec.name}: expected images of shape (B, {size}, {size}, 3) (RGB, channels last, "
+                         f"read at the target mpp), got {tuple(pixels.shape)}")
+    if pixels.dtype == torch.uint8:
+        pixels = pixels.to(device).float() / 255.0
+    elif pixels.is_floating_point():
+        pixels = pixels.to(device, torch.float32)
+        if pixels.numel() and (pixels.min() < 0 or pixels.max() > 1):
+            raise ValueError(f"{spec.name}: float images must be in [0, 1]; pass uint8 for 0-255 values")
+    else:
+        raise ValueError(f"{spec.name}: images must be uint8 or float, got {pixels.dtype}")
+    mean = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+    return ((pixels.permute(0, 3, 1, 2) - mean) / std).contiguous()
+
+
+def split_tokens(spec: EncoderSpec, tokens: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(B, prefix + H·W, D) tokens → (CLS (B, D) or None, grid (B, H, W, D)); H = W = spec.grid_size.
+
+    The prefix (CLS first, then registers, as timm orders them) is dropped from the grid.
+    """
+    side, prefix = spec.grid_size, spec.num_prefix_tokens
+    if tokens.ndim != 3 or tokens.shape[1] != prefix + side * side or tokens.shape[2] != spec.embed_dim:
+        raise EncoderLoadError(
+            f"{spec.name}: the encoder returned tokens of shape {tuple(tokens.shape)}; the registry expects "
+            f"(B, {prefix} prefix + {side}×{side} grid, {spec.embed_dim}) for input_size {spec.input_size} and "
+            f"patch_size {spec.patch_size}. Fix the row in models/encoders.yaml."
+        )
+    cls = tokens[:, 0] if spec.has_cls else None
+    grid = tokens[:, prefix:].reshape(tokens.shape[0], side, side, spec.embed_dim)
+    return cls, grid
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _first(keys: list[str], what: str, shown: int = 5) -> str:
+    if not keys:
+        return f"no {what.split(' ')[0]} keys"
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"{len(keys)} {what}: {', '.join(keys[:shown])}{more}"
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    if numbers:
+        return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)
+    return a == b

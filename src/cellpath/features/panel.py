@@ -1,0 +1,149 @@
+"""The evaluated cells of a panel and their features, as one table and matrices in the same row order.
+
+The cell table has one row per eligible cell (a Tfine and a Tcoarse label) of the panel's sections
+that annotation did not exclude, with a 0..n-1 index: ``section_id, organ, cell_id, x_um, y_um``
+(nucleus centroid in the Xenium frame, µm), ``fine``, ``coarse``. Feature matrices are read from the
+feature store for the same rows, after checking that each artifact was written for the section's
+cell order (its sidecar's ``cell_order_sha256``) and holds only finite values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cellpath.errors import InputError
+from cellpath.features.readouts import compose_readout
+from cellpath.features.store import artifact_dir, cell_order_digest, read_artifact, read_sidecar
+from cellpath.io.layout import panels_csv, section_labels
+from cellpath.io.sections import read_section_index, read_section_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PanelCells:
+    """The evaluated cells, and what was left out (counts are reported, never silently dropped)."""
+
+    cells: pd.DataFrame
+    section_order: dict[str, np.ndarray]  # section_id → every cell id of the section, in stored order
+    rows_in_section: dict[str, np.ndarray]  # section_id → positions (into section_order) of the kept cells
+    excluded: dict[str, int]
+
+    def digest(self) -> str:
+        """Content digest of the evaluated cells and their rows in every section (part of the shard keys)."""
+        hashed = hashlib.sha256(pd.util.hash_pandas_object(self.cells, index=True).to_numpy().tobytes())
+        for section_id in sorted(self.section_order):
+            hashed.update(section_id.encode() + b"\0")
+            hashed.update("\n".join(map(str, self.section_order[section_id])).encode() + b"\0")
+            hashed.update(np.asarray(self.rows_in_section[section_id], dtype=np.int64).tobytes())
+        return hashed.hexdigest()[:16]
+
+
+def panel_sections(data_dir: Path, panel: str) -> pd.DataFrame:
+    """Sections of ``panel`` (data/panels.csv) that annotation did not exclude: section_id, organ."""
+    path = panels_csv(data_dir)
+    if not path.is_file():
+        raise InputError("no panel table; run `cellpath concordance` first", path=path)
+    panels = pd.read_csv(path)
+    if panel not in panels.columns:
+        built = [c for c in panels.columns if c.startswith("S") and c[1:].isdigit()]
+        raise InputError(f"panel {panel!r} was not built (built: {', '.join(built)}); set `panel` in params.yaml "
+                         "to one of them or add its size to concordance.panel_sizes", path=path)
+    chosen = panels[panels[panel].astype(bool) & ~panels["excluded_by_annotation"].astype(bool)]
+    if chosen.empty:
+        raise InputError(f"panel {panel!r} has no section to evaluate", path=path)
+    return chosen[["section_id", "organ"]].sort_values("section_id").reset_index(drop=True)
+
+
+def load_panel_cells(data_dir: Path, panel: str) -> PanelCells:
+    """Eligible cells of the panel's sections, in (section_id, stored cell order)."""
+    data_dir = Path(data_dir)
+    sections = panel_sections(data_dir, panel)
+    known = set(read_section_index(data_dir)["section_id"])
+    frames, order, kept_rows = [], {}, {}
+    excluded = {"ineligible_or_uncertain": 0}
+    for row in sections.itertuples():
+        if row.section_id not in known:
+            raise InputError("section in the panel table but not ingested; rerun `dvc repro`",
+                             path=panels_csv(data_dir), section=row.section_id)
+        labels_path = section_labels(data_dir, row.section_id)
+        if not labels_path.is_file():
+            raise InputError("no labels; run `cellpath annotate`", path=labels_path, section=row.section_id)
+        labels = pd.read_parquet(labels_path, columns=["cell_id", "fine", "coarse", "eligible"])
+        obs = read_section_table(data_dir, row.section_id).obs
+        if not np.array_equal(labels["cell_id"].to_numpy(), obs.index.to_numpy()):
+            raise InputError("labels and the section table list different cells (or orders); rerun "
+                             "`cellpath annotate`", path=labels_path, section=row.section_id)
+        keep = (labels["eligible"].to_numpy(bool) & labels["fine"].notna().to_numpy()
+                & labels["coarse"].notna().to_numpy())
+        excluded["ineligible_or_uncertain"] += int((~keep).sum())
+        order[row.section_id] = labels["cell_id"].to_numpy()
+        kept_rows[row.section_id] = np.flatnonzero(keep)
+        frames.append(pd.DataFrame({
+            "section_id": row.section_id, "organ": row.organ, "cell_id": labels["cell_id"].to_numpy()[keep],
+            "x_um": obs["nucleus_x_um"].to_numpy(float)[keep], "y_um": obs["nucleus_y_um"].to_numpy(float)[keep],
+            "fine": labels["fine"].to_numpy()[keep], "coarse": labels["coarse"].to_numpy()[keep],
+        }))
+    cells = pd.concat(frames, ignore_index=True)
+    log.info("panel %s: %d sections, %d evaluated cells (%d ineligible or uncertain left out)", panel,
+             len(sections), len(cells), excluded["ineligible_or_uncertain"])
+    return PanelCells(cells, order, kept_rows, excluded)
+
+
+def load_base_readouts(features_root: Path, encoder_slug: str, magnification: str,
+                       panel: PanelCells) -> dict[str, np.ndarray]:
+    """Nuc, Mean (and Cls) float32 matrices over the panel's cell rows for one encoder and magnification."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for section_id, rows in panel.rows_in_section.items():
+        folder = artifact_dir(features_root, encoder_slug, magnification, section_id)
+        sidecar = read_sidecar(folder)
+        if sidecar is None:
+            raise InputError(f"no features for encoder {encoder_slug} at {magnification}; run "
+                             f"`dvc repro extract@{encoder_slug}-{magnification}`", path=folder, section=section_id)
+        if sidecar.get("cell_order_sha256") != cell_order_digest(panel.section_order[section_id]):
+            raise InputError(f"features of {encoder_slug} {magnification} were written for another cell order "
+                             "(sidecar cell_order_sha256 differs); rerun the extract stage", path=folder,
+                             section=section_id)
+        for name, matrix in read_artifact(folder).items():
+            selected = matrix[rows]
+            bad = ~np.isfinite(selected).all(axis=1)
+            if bad.any():
+                raise InputError(f"{int(bad.sum())} cells have NaN or infinite {name} features "
+                                 f"(encoder {encoder_slug}, {magnification}); rerun the extract stage",
+                                 path=folder / f"{name}.npy", section=section_id)
+            parts.setdefault(name, []).append(selected)
+    missing = [name for name, chunks in parts.items() if len(chunks) != len(panel.rows_in_section)]
+    if missing:
+        raise InputError(f"readouts {', '.join(missing)} of {encoder_slug} {magnification} are missing for some "
+                         "sections; rerun the extract stage", path=Path(features_root) / encoder_slug / magnification)
+    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+def readout_matrix(base: dict[str, np.ndarray], readout: str) -> np.ndarray:
+    """A readout's per-cell features from the base readouts (fusions computed here, never stored)."""
+    return np.asarray(compose_readout(readout, base["Nuc"], base["Mean"], base.get("Cls")), dtype=np.float32)
+
+
+def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnification: str) -> np.ndarray:
+    """Per evaluated cell, ``"<section>:<patch index>"`` of the encoder patch that holds its nucleus
+    at ``magnification`` for encoders with ``input_size`` px patches: the placement extraction uses
+    (:func:`cellpath.features.tiling.place_section_cells`), recomputed from the section's geometry. Cells with the
+    same id share every patch-level readout (Mean, Cls)."""
+    from cellpath.features.tiling import place_section_cells
+    from cellpath.vocabulary import MAGNIFICATION_MPP
+
+    index = read_section_index(data_dir).set_index("section_id")
+    parts = []
+    for section_id, rows in panel.rows_in_section.items():
+        obs = read_section_table(data_dir, section_id).obs
+        geometry = index.loc[section_id]
+        placement = place_section_cells(obs, geometry, target_mpp=MAGNIFICATION_MPP[magnification],
+                                        input_size=input_size)
+        parts.append(np.char.add(f"{section_id}:", placement.patch_index[rows].astype(str)))
+    return np.concatenate(parts) if parts else np.array([], dtype=str)

@@ -1,0 +1,96 @@
+"""Coordinate systems and the one mapping between them.
+
+- Xenium µm: cell and nucleus centroids in cells.parquet / cells.zarr.zip.
+- Xenium morphology px: µm ÷ ``pixel_size`` (0.2125 µm/px, from experiment.xenium).
+- H&E level-0 px: pixels of the full-resolution registered H&E OME-TIFF.
+
+10x's ``<prefix>he_imagealignment.csv`` is a 3×3 affine that maps H&E px (x, y, 1) to morphology
+px. Cells are placed on the H&E through its inverse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cellpath.errors import InputError
+
+XENIUM_PIXEL_SIZE_UM = 0.2125
+
+
+def parse_alignment_csv(path: Path, section: str | None = None) -> np.ndarray:
+    """Read a 10x H&E alignment CSV: three comma-separated rows, no header, a 3×3 affine.
+
+    Returns the matrix mapping H&E level-0 px → Xenium morphology px. Raises InputError for a
+    malformed, non-finite, non-affine or singular matrix. Keypoint exports (Xenium Explorer ≥ 2:
+    columns fixedX, fixedY, alignmentX, alignmentY) are fitted to an affine by least squares.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read the H&E alignment file ({exc.strerror})", path=path, section=section) from None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines and "fixedX" in lines[0]:
+        return _affine_from_keypoints(lines, path, section)
+    try:
+        rows = [[float(v) for v in ln.split(",")] for ln in lines]
+    except ValueError:
+        raise InputError(
+            "H&E alignment must be three comma-separated rows of three numbers (a 3×3 affine)",
+            path=path, section=section,
+        ) from None
+    matrix = np.asarray(rows, dtype=float) if rows and all(len(r) == 3 for r in rows) else None
+    if matrix is None or matrix.shape != (3, 3):
+        raise InputError(
+            f"H&E alignment must be a 3×3 matrix, found {len(rows)} row(s) of lengths "
+            f"{[len(r) for r in rows]}", path=path, section=section,
+        )
+    _check_affine(matrix, path, section)
+    return matrix
+
+
+def _affine_from_keypoints(lines: list[str], path: Path, section: str | None) -> np.ndarray:
+    header = [h.strip() for h in lines[0].split(",")]
+    needed = ["fixedX", "fixedY", "alignmentX", "alignmentY"]
+    if any(n not in header for n in needed):
+        raise InputError(f"keypoint alignment needs columns {needed}, found {header}", path=path, section=section)
+    try:
+        values = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:]])
+    except ValueError:
+        raise InputError("keypoint alignment has non-numeric values", path=path, section=section) from None
+    if values.ndim != 2 or len(values) < 3:
+        raise InputError("keypoint alignment needs at least 3 keypoints", path=path, section=section)
+    idx = [header.index(n) for n in needed]
+    # Explorer keypoints: fixed = Xenium morphology px, alignment = H&E px.
+    fixed, moving = values[:, idx[:2]], values[:, idx[2:]]
+    design = np.column_stack([moving, np.ones(len(moving))])
+    solution, *_ = np.linalg.lstsq(design, fixed, rcond=None)
+    matrix = np.eye(3)
+    matrix[:2, :] = solution.T
+    _check_affine(matrix, path, section)
+    return matrix
+
+
+def _check_affine(matrix: np.ndarray, path: Path, section: str | None) -> None:
+    if not np.all(np.isfinite(matrix)):
+        raise InputError("H&E alignment matrix contains NaN or infinite values", path=path, section=section)
+    if not np.allclose(matrix[2], [0.0, 0.0, 1.0], atol=1e-9):
+        raise InputError(
+            f"H&E alignment must be affine (last row 0, 0, 1), found {matrix[2].tolist()}",
+            path=path, section=section,
+        )
+    det = np.linalg.det(matrix[:2, :2])
+    if abs(det) < 1e-9:
+        raise InputError(
+            f"H&E alignment matrix is singular (det = {det:.3g}); re-export the registration",
+            path=path, section=section,
+        )
+
+
+def um_to_he_px(xy_um: np.ndarray, alignment: np.ndarray, pixel_size_um: float = XENIUM_PIXEL_SIZE_UM) -> np.ndarray:
+    """Map Xenium µm (N, 2) → H&E level-0 px (N, 2) through the inverse of the alignment."""
+    morph = np.asarray(xy_um, dtype=float) / pixel_size_um
+    homogeneous = np.column_stack([morph, np.ones(len(morph))])
+    he = homogeneous @ np.linalg.inv(alignment).T
+    return he[:, :2]

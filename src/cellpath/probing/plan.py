@@ -1,0 +1,156 @@
+"""The probe plan: how many runs a configuration implies, and protocol splits → gated probe tasks →
+fitted runs, one table row per run.
+
+One run is a (model, magnification, readout, taxonomy, protocol, unit, seed); :func:`count_runs`
+counts them (Table 3 of the paper), those whose readout needs a CLS token the model lacks being
+structurally unavailable: counted, not run. Tasks depend only on the cells, the protocol and the
+taxonomy, so they are built once and reused for every (encoder, magnification, readout). A run
+whose unit has fewer than two classes passing the gates is recorded with ``status = "skipped"``
+and its reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from cellpath.config import ProbeConfig
+from cellpath.errors import ConfigError
+from cellpath.probing.fit import ProbeTask, fit_tasks
+from cellpath.probing.protocols import IS_EXCLUSION_RULES, Split, gate_classes, make_splits, protocol_units
+from cellpath.vocabulary import CLS_READOUTS, PROTOCOLS, READOUTS
+
+log = logging.getLogger(__name__)
+
+EXCLUSION_COLUMNS = [f"n_test_excluded_{rule}" for rule in IS_EXCLUSION_RULES]  # IS test cells each rule removed
+RUN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "organ", "seed", "status",
+               "skip_reason", "n_train", "n_val", "n_test", *EXCLUSION_COLUMNS, "n_classes", "classes", "chosen_c",
+               "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "lbfgs_iterations", "converged",
+               "fit_seconds"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One (protocol, unit, seed, taxonomy) run; ``task`` is None when the unit is skipped."""
+
+    protocol: str
+    unit: str
+    organ: str
+    seed: int
+    taxonomy: str
+    task: ProbeTask | None
+    skip_reason: str = ""
+    excluded: tuple[tuple[str, int], ...] = ()  # test cells removed per rule before gating (IS)
+
+    def row(self, class_names: list[str]) -> dict:
+        task = self.task
+        classes = [] if task is None else [class_names[c] for c in task.classes]
+        return {"protocol": self.protocol, "unit": self.unit, "organ": self.organ, "seed": self.seed,
+                "taxonomy": self.taxonomy, "status": "ok" if task is not None else "skipped",
+                "skip_reason": self.skip_reason,
+                "n_train": 0 if task is None else len(task.train), "n_val": 0 if task is None else len(task.val),
+                "n_test": 0 if task is None else len(task.test),
+                **{f"n_test_excluded_{rule}": 0 for rule in IS_EXCLUSION_RULES},
+                **{f"n_test_excluded_{rule}": count for rule, count in self.excluded},
+                "n_classes": len(classes), "classes": "|".join(classes)}
+
+
+def class_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Class index per cell and the (sorted) class names of a taxonomy column."""
+    names = sorted(labels.unique())
+    codes = pd.Categorical(labels, categories=names).codes.astype(np.int64)
+    return codes, names
+
+
+def _capped(train: np.ndarray, cap: int | None, split: Split) -> np.ndarray:
+    """At most ``cap`` training cells, a seeded uniform subsample (the same for every model)."""
+    if cap is None or len(train) <= cap:
+        return train
+    rng = np.random.default_rng([split.seed, 7919, *map(ord, f"{split.protocol}:{split.unit}")])
+    return np.sort(rng.choice(train, cap, replace=False))
+
+
+def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfig,
+              patch_groups: tuple[np.ndarray, ...] = ()) -> list[PlannedRun]:
+    """Every run of one protocol and taxonomy on the cell table, gated as ``cfg`` says; IS test cells
+    share no patch of ``patch_groups`` (the evaluated encoders' grids at one magnification) with the ROI."""
+    try:
+        splits = make_splits(cells, protocol, cfg.seeds[protocol], n_folds=cfg.mocv_folds,
+                             roi_fraction=cfg.is_roi_fraction, buffer_um=cfg.is_buffer_um,
+                             val_fraction=cfg.val_fraction, patch_groups=patch_groups)
+    except ValueError as exc:
+        raise ConfigError(f"probe ({protocol}): {exc}; adjust probe.mocv_folds or the panel") from None
+    codes, names = class_codes(cells[taxonomy])
+    min_train = getattr(cfg.min_train_cells, taxonomy)
+    min_test = getattr(cfg.min_test_cells, taxonomy)
+    runs = []
+    for split in splits:
+        train = _capped(split.train, cfg.max_train_cells, split)
+        gated = gate_classes(codes[train], codes[split.test], min_train, min_test)
+        key = (split.protocol, split.unit, split.organ, split.seed, taxonomy)
+        if len(gated) < 2:
+            runs.append(PlannedRun(*key, None, f"{len(gated)} class(es) with ≥{min_train} train and ≥{min_test} "
+                                               "test cells", split.excluded))
+            continue
+        classes = np.array(sorted(gated), dtype=np.int64)
+        keep = [rows[np.isin(codes[rows], classes)] for rows in (train, split.val, split.test)]
+        if len(keep[1]) == 0:
+            runs.append(PlannedRun(*key, None, "no validation cell of a scored class", split.excluded))
+            continue
+        runs.append(PlannedRun(*key, ProbeTask(*keep, classes=classes), excluded=split.excluded))
+    return runs
+
+
+def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cfg: ProbeConfig) -> pd.DataFrame:
+    """Fit every planned run of one taxonomy on one feature matrix; one row per run (skipped ones too)."""
+    taxonomy = runs[0].taxonomy
+    codes, names = class_codes(cells[taxonomy])
+    active = [run for run in runs if run.task is not None]
+    results = fit_tasks(x, codes, len(names), [run.task for run in active], c_grid=tuple(cfg.c_grid),
+                        max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb,
+                        solver=cfg.solver)
+    by_run = {id(run): result for run, result in zip(active, results)}
+    rows = []
+    for run in runs:
+        row = run.row(names)
+        result = by_run.get(id(run))
+        if result is not None:
+            row |= {"chosen_c": result.chosen_c, "val_macro_f1": result.val_macro_f1, "macro_f1": result.macro_f1,
+                    "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
+                    "lbfgs_iterations": result.iterations, "converged": result.converged,
+                    "fit_seconds": result.fit_seconds}
+        rows.append(row)
+    columns = [c for c in RUN_COLUMNS if c not in ("model", "magnification", "readout")]  # the caller's keys
+    frame = pd.DataFrame(rows).reindex(columns=columns)  # every column, even when every run is skipped
+    return frame.astype({"lbfgs_iterations": "Int64", "converged": "boolean"})
+
+
+@dataclass(frozen=True)
+class PlanCounts:
+    """Runs per protocol, and how many of them are unavailable (no CLS token)."""
+
+    runs: dict[str, int]
+    unavailable: dict[str, int]
+    units: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.runs.values())
+
+
+def count_runs(sections: pd.DataFrame, *, models_with_cls: list[bool], n_magnifications: int, n_taxonomies: int,
+               readouts: tuple[str, ...] = READOUTS, seeds: dict[str, int], protocols: tuple[str, ...] = PROTOCOLS,
+               n_folds: int = 5) -> PlanCounts:
+    """Count runs for a section list (section_id, organ), one bool per model (has a CLS token)."""
+    runs, unavailable, units = {}, {}, {}
+    n_cls = sum(1 for r in readouts if r in CLS_READOUTS)
+    for protocol in protocols:
+        n_units = len(protocol_units(sections, protocol, n_folds))
+        per_model_readout = n_magnifications * n_taxonomies * n_units * seeds[protocol]
+        units[protocol] = n_units
+        runs[protocol] = len(models_with_cls) * len(readouts) * per_model_readout
+        unavailable[protocol] = sum(1 for has_cls in models_with_cls if not has_cls) * n_cls * per_model_readout
+    return PlanCounts(runs, unavailable, units)

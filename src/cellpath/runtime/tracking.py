@@ -1,0 +1,228 @@
+"""MLflow tracking of a pipeline run: one parent run per stage execution, one child run per condition.
+
+A condition is (model, magnification, readout, taxonomy) for the probe stage, its protocols
+inside. Each child run holds the condition as params, per protocol its summary and per-unit
+scores as metrics, and its probe rows as a logged table (``probe_runs.json``), so every probe run
+is retrievable from MLflow while the number of MLflow runs stays in the thousands at the paper's
+scale (30 models × 3 magnifications × 7 readouts × 2 taxonomies = 1,260), not 304,920. Runs are tagged with
+the git commit, the DVC experiment name (``DVC_EXP_NAME`` during ``dvc exp run``) and a digest of
+each dvc.lock stage entry. Logging goes through ``MlflowClient`` batches; the time spent in it is
+measured (``seconds``) so the stage can report logging overhead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from cellpath.config import MlflowConfig
+
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def metric_key(*parts: str) -> str:
+    """An MLflow-safe metric key from parts (MLflow allows alphanumerics, _ - . space and /)."""
+    return "/".join(_KEY_UNSAFE.sub("_", str(p)) for p in parts)
+
+
+def project_root() -> Path:
+    """The DVC project root (``DVC_ROOT`` under ``dvc exp run``), else the working directory."""
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd())
+
+
+def resolve_tracking_uri(uri: str, root: Path) -> str:
+    """Make a relative ``sqlite:///file`` or plain-path URI absolute against the project root."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{(root / uri.removeprefix('sqlite:///')).resolve()}"
+    if "://" not in uri and not uri.startswith("file:"):
+        return (root / uri).resolve().as_uri()
+    return uri
+
+
+def resolve_artifact_location(location: str, root: Path) -> str:
+    return location if "://" in location or location.startswith("file:") else (root / location).resolve().as_uri()
+
+
+def provenance_tags(root: Path) -> dict[str, str]:
+    """git commit (+ dirty flag), DVC experiment name and a short digest of every dvc.lock stage entry."""
+    tags = {"dvc.experiment": os.environ.get("DVC_EXP_NAME", "workspace")}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0:
+            tags["mlflow.source.git.commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                   capture_output=True, text=True, timeout=30)
+            tags["git.dirty"] = str(bool(dirty.stdout.strip())).lower()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    lock = root / "dvc.lock"
+    if lock.is_file():
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        for name, entry in stages.items():
+            digest = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
+            tags[f"dvc.lock.{name}"] = digest
+    return tags
+
+
+#: MLflow 3's UI opens an experiment of this kind on its runs table (model training), not on the
+#: GenAI trace views it shows by default.
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
+class Tracker:
+    """Parent/child MLflow runs for one stage execution; a no-op when tracking is disabled.
+
+    A context manager: ``with Tracker(cfg, stage) as tracker:`` opens the parent run, the block
+    logs children and closes it with ``finish(params, metrics, artifacts)``; a block left by an
+    exception closes the parent as FAILED (a block left without ``finish``: FINISHED, without
+    params). Child runs are written by one background thread while the stage goes on computing;
+    ``finish`` waits for them. ``seconds`` is the time the stage spent blocked on MLflow (setup,
+    queueing, the final wait); ``busy_seconds`` the logging thread's total work.
+    """
+
+    def __init__(self, cfg: MlflowConfig, stage: str, root: Path | None = None):
+        self.enabled = cfg.enabled
+        self.seconds = 0.0
+        self.busy_seconds = 0.0
+        self.children = 0
+        self._pending: list = []
+        self._finished = False
+        if not self.enabled:
+            return
+        with self._timed():
+            from concurrent.futures import ThreadPoolExecutor
+
+            from mlflow.tracking import MlflowClient
+
+            root = root or project_root()
+            self.tracking_uri = resolve_tracking_uri(cfg.tracking_uri, root)
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            experiment = self._client.get_experiment_by_name(cfg.experiment)
+            self._experiment_id = (experiment.experiment_id if experiment is not None else
+                                   self._client.create_experiment(
+                                       cfg.experiment, artifact_location=resolve_artifact_location(
+                                           cfg.artifact_location, root), tags=EXPERIMENT_TAGS))
+            if experiment is not None and not set(EXPERIMENT_TAGS) & set(experiment.tags):
+                for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
+                    self._client.set_experiment_tag(self._experiment_id, key, value)
+            self._tags = provenance_tags(root)
+            parent = self._client.create_run(self._experiment_id, run_name=stage,
+                                             tags=self._tags | {"cellpath.stage": stage})
+            self.parent_run_id = parent.info.run_id
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if not self._finished:
+            self.finish({}, {}, failed=exc_type is not None)
+
+    @contextmanager
+    def _timed(self):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def log_child(self, name: str, params: dict, metrics: dict[str, float],
+                  tables: dict[str, pd.DataFrame] | None = None) -> None:
+        """Queue one child run under the parent: params, finite metrics and tables as artifacts.
+
+        A table named ``*.json`` is written as MLflow's logged-table JSON (listed as a table in the
+        UI); ``*.parquet`` as a Parquet file.
+        """
+        if not self.enabled:
+            return
+        with self._timed():
+            copies = {file: frame.copy() for file, frame in (tables or {}).items()}
+            self._pending.append(self._worker.submit(self._write_child, name, dict(params), dict(metrics), copies))
+
+    def _write_child(self, name: str, params: dict, metrics: dict[str, float], tables: dict[str, pd.DataFrame]) -> None:
+        import tempfile
+
+        from mlflow.entities import Metric, Param
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        started = time.perf_counter()
+        tags = self._tags | {"mlflow.parentRunId": self.parent_run_id, "cellpath.condition": name}
+        json_tables = [file for file in tables if file.endswith(".json")]
+        if json_tables:  # what MLflow's log_table records, so the UI lists them as tables
+            tags["mlflow.loggedArtifacts"] = json.dumps([{"path": file, "type": "table"} for file in json_tables])
+        run = self._client.create_run(self._experiment_id, run_name=name, tags=tags)
+        run_id = run.info.run_id
+        now = int(time.time() * 1000)
+        metric_list = [Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)]
+        param_list = [Param(k, str(v)) for k, v in params.items()]
+        for start in range(0, max(len(metric_list), 1), 1000):  # MLflow's batch limit
+            self._client.log_batch(run_id, metrics=metric_list[start:start + 1000],
+                                   params=param_list if start == 0 else [])
+        # The run's artifact repository straight from its URI: MlflowClient.log_artifact would look
+        # the run up again for every file.
+        repository = get_artifact_repository(run.info.artifact_uri)
+        with tempfile.TemporaryDirectory() as folder:
+            for file, frame in tables.items():
+                path = Path(folder) / file
+                if file.endswith(".json"):
+                    path.write_text(frame.to_json(orient="split", index=False))
+                else:
+                    frame.to_parquet(path, index=False)
+                repository.log_artifact(str(path))
+        self._client.set_terminated(run_id)
+        self.children += 1
+        self.busy_seconds += time.perf_counter() - started
+
+    def finish(self, params: dict, metrics: dict[str, float], artifacts: list[Path] = (), failed: bool = False) -> None:
+        """Wait for the child runs, then close the parent with the stage's params, metrics and files."""
+        if not self.enabled or self._finished:
+            return
+        self._finished = True
+        from mlflow.entities import Metric, Param
+
+        with self._timed():
+            self._worker.shutdown(wait=True)
+            errors = [f.exception() for f in self._pending if f.exception() is not None]
+            run_id = self.parent_run_id
+            now = int(time.time() * 1000)
+            self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()
+                                                    if pd.notna(v)][:1000],
+                                   params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+            for path in artifacts:
+                self._client.log_artifact(run_id, str(path))
+            self._client.set_terminated(run_id, status="FAILED" if failed or errors else "FINISHED")
+        if errors and not failed:
+            raise errors[0]
+
+
+def load_logged_table(tracking_uri: str, run_id: str, name: str = "probe_runs.json") -> pd.DataFrame:
+    """A table a child run logged (``MlflowClient.load_table`` cannot find it on a SQLite store)."""
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = MlflowClient(tracking_uri=tracking_uri).download_artifacts(run_id, name, folder)
+        payload = json.loads(Path(path).read_text())
+    return pd.DataFrame(payload["data"], columns=payload["columns"])
+
+
+def flat_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """Nested headline metrics → flat MLflow keys (numbers only)."""
+    flat = {}
+    for key, value in metrics.items():
+        name = metric_key(f"{prefix}{key}")
+        if isinstance(value, dict):
+            flat |= flat_metrics(value, f"{name}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+            flat[name] = float(value)
+    return flat

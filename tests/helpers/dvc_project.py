@@ -1,0 +1,74 @@
+"""A very small DVC project in a temporary git repository, for tests that run `dvc repro` itself."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from helpers.project import HANG_GUARD_S, PROJECT_ROOT
+
+TRACKED = ["dvc.yaml", "data/manifests", "src/cellpath", "models/encoders.yaml", ".gitignore"]
+
+
+def dvc_env() -> dict[str, str]:
+    """The environment for `dvc` and `cellpath` subprocesses: this venv first, offline hub."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["HF_HUB_OFFLINE"] = "1"
+    env["DVC_NO_ANALYTICS"] = "1"
+    return env
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = HANG_GUARD_S) -> str:
+    """Run a command; fail the test with its output when it fails."""
+    result = subprocess.run(cmd, cwd=cwd, env=dvc_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def make_tiny_project(work: Path, magnifications: tuple[str, ...] = ("10x", "20x")) -> Path:
+    """Two simulated sections (150 cells), the filter bank at ``magnifications`` (two, so that the probe
+    has two tasks), every stage: a committed git + DVC repo at ``work`` that has never run."""
+    work.mkdir(parents=True)
+    for item in TRACKED:
+        source, dest = PROJECT_ROOT / item, work / item
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, dest)
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    params["synthetic"].update(cells_per_section=150, panel_genes=230, reference_cells_per_type=20)
+    params["synthetic"]["sections"] = [
+        {"section_id": "colon_t", "organ": "Colon", "status": "Colorectal cancer"},
+        {"section_id": "skin_t", "organ": "Skin", "status": "Normal"},
+    ]
+    params["concordance"]["panel_sizes"] = [1, 2]
+    params["panel"] = "S2"
+    params["extract"].update(encoders=["filterbank-dense"], magnifications=list(magnifications))
+    params["probe"].update(seeds={"is": 1, "iocd": 1, "mocv": 1, "looo": 1}, mocv_folds=2, readouts=["Nuc", "Mean"],
+                           min_train_cells={"fine": 5, "coarse": 5}, min_test_cells={"fine": 5, "coarse": 5},
+                           max_iter=20, magnifications=None)
+    params["robustness"].update(magnifications=["10x"], taxonomies=["coarse"], readouts=["Nuc"], group="tile",
+                                shortcut={"enabled": False})
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["git", "init", "-q", "-b", "main"], work)
+    run(["git", "config", "user.email", "test@example.com"], work)
+    run(["git", "config", "user.name", "test"], work)
+    run(["dvc", "init", "-q"], work)
+    run(["git", "add", "-A"], work)
+    run(["git", "commit", "-qm", "tiny project"], work)
+    return work
+
+
+def run_tiny_project(root: Path) -> dict:
+    """``root/pristine`` (never run) and ``root/completed`` (a copy after `dvc repro`), with that run's log."""
+    pristine = make_tiny_project(root / "pristine")
+    completed = root / "completed"
+    shutil.copytree(pristine, completed)
+    return {"pristine": pristine, "completed": completed, "log": run(["dvc", "repro"], completed)}

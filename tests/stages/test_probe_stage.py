@@ -1,0 +1,188 @@
+"""The probe stage on the tiny simulated panel: run table, summaries, metrics.json and MLflow."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cellpath.config import parse_params
+from cellpath.errors import InputError
+from cellpath.probing.plan import RUN_COLUMNS
+from cellpath.stages.probe import run as run_probe_stage
+from helpers.stage_params import probe_params
+
+
+@pytest.fixture(scope="module")
+def probe_data(tiny_features):
+    return tiny_features
+
+
+@pytest.fixture(scope="module")
+def all_protocols(probe_data, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    params = probe_params(probe_data["params"], tmp)
+    runs = run_probe_stage(params, probe_data["data_dir"], tmp / "reports", root=tmp)
+    return {"runs": runs, "reports": tmp / "reports", "params": params, "tmp": tmp}
+
+
+def test_run_table_has_one_row_per_planned_run(all_protocols):
+    runs = all_protocols["runs"]
+    on_disk = pd.read_parquet(all_protocols["reports"] / "probe_runs.parquet")
+    assert list(on_disk.columns) == RUN_COLUMNS and len(on_disk) == len(runs)
+    # 3 sections (Breast ×2, Lymphoid ×1): IS 3 units × 2 seeds, IOCD 2 × 1, MOCV 3 folds × 1, LOOO 2 × 1,
+    # for 3 available readouts (Cls is unavailable for the filterbank) × 2 taxonomies.
+    per_readout_taxonomy = {"is": 6, "iocd": 2, "mocv": 3, "looo": 2}
+    counts = runs.groupby("protocol").size().to_dict()
+    assert counts == {p: n * 3 * 2 for p, n in per_readout_taxonomy.items()}
+    assert set(runs["readout"]) == {"Nuc", "Mean", "N||M"}
+    ok = runs[runs["status"] == "ok"]
+    assert len(ok) > 0.5 * len(runs)
+    assert ok[["macro_f1", "macro_auroc", "macro_auprc"]].notna().all().all()
+    assert ((ok["macro_f1"] >= 0) & (ok["macro_f1"] <= 1)).all()
+    assert (ok["n_classes"] >= 2).all() and (ok["chosen_c"].isin([0.01, 0.1, 1.0, 10.0])).all()
+    skipped = runs[runs["status"] == "skipped"]
+    assert skipped["macro_f1"].isna().all() and (skipped["skip_reason"] != "").all()
+    # LOOO on the lymphoid organ: tested on tonsil, trained on breast only; its classes pass the gates
+    # only where both organs have them.
+    counts_json = json.loads((all_protocols["reports"] / "probe" / "counts.json").read_text())
+    assert counts_json["total"]["ok"] == len(ok) and counts_json["total"]["skipped"] == len(skipped)
+    assert counts_json["total"]["unavailable"] == sum(per_readout_taxonomy.values()) * 2  # Cls × 2 taxonomies
+    # every fitted run records its iterations and whether it converged; the counts say how many did not
+    assert ok["converged"].notna().all() and ((ok["lbfgs_iterations"] >= 1) & (ok["lbfgs_iterations"] <= 30)).all()
+    assert skipped["converged"].isna().all() and skipped["lbfgs_iterations"].isna().all()
+    assert counts_json["total"]["not_converged"] == int((~ok["converged"].astype(bool)).sum())
+    assert sum(counts_json[p]["not_converged"] for p in ("is", "iocd", "mocv", "looo")) == \
+        counts_json["total"]["not_converged"]
+
+
+def test_probes_learn_the_cell_types(all_protocols):
+    """Filterbank Nuc features of the simulated nuclei predict Tcoarse above chance across sections.
+    (Not IS here: at 10× a patch is 224 µm, a third of a tiny section, so a leak-free IS split keeps
+    about 19 test cells per run, too few for a stable score.)"""
+    runs = all_protocols["runs"]
+    chosen = runs[(runs["protocol"] != "is") & (runs["readout"] == "Nuc") & (runs["taxonomy"] == "coarse")
+                  & (runs["status"] == "ok")]
+    assert len(chosen) >= 4
+    assert chosen["macro_auroc"].mean() > 0.65
+
+
+def test_metrics_json_and_summaries(all_protocols):
+    reports = all_protocols["reports"]
+    metrics = json.loads((reports / "metrics.json").read_text())
+    entry = metrics["filterbank-dense"]
+    assert metrics["magnification"] == "10x"
+    assert set(entry) >= {"is", "mocv", "looo", "cra_macro_f1"}
+    runs = all_protocols["runs"]
+    from cellpath.probing.stats import protocol_summary
+
+    nuc = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine") & (runs["status"] == "ok")]
+    expected = protocol_summary(nuc, "macro_f1").set_index("protocol")["mean"]
+    assert entry["is"]["nuc_macro_f1"] == pytest.approx(expected["is"], abs=1e-4)
+    from cellpath.probing.stats import pooled_cell_representation_advantage
+
+    cra = pooled_cell_representation_advantage(runs[runs["status"] == "ok"], "macro_f1", "10x").set_index("model")
+    assert entry["cra_macro_f1"] == pytest.approx(cra.loc["filterbank-dense", "cra"], abs=1e-4)
+    for name in ("summary", "cra", "cra_pooled", "wins", "crt", "rank_agreement", "is_panels", "cra_panels"):
+        assert (reports / "probe" / f"{name}.csv").is_file()
+    timing = json.loads((reports / "probe" / "timing.json").read_text())
+    assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2  # readouts × taxonomies
+
+
+def test_every_run_is_retrievable_from_mlflow(all_protocols):
+    from mlflow.tracking import MlflowClient
+
+    from cellpath.runtime.tracking import load_logged_table
+
+    tmp, runs = all_protocols["tmp"], all_protocols["runs"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    experiment = client.get_experiment_by_name("test")
+    found = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 3 * 2  # readouts × taxonomies, the protocols inside
+    assert parents[0].data.tags["dvc.experiment"] == "workspace"
+    child = next(c for c in children if c.data.params["readout"] == "Nuc" and c.data.params["taxonomy"] == "fine")
+    assert child.data.params["protocols"] == "is,iocd,mocv,looo"
+    table = load_logged_table(f"sqlite:///{tmp}/mlflow.db", child.info.run_id)
+    mine = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine")]
+    assert len(table) == len(mine)
+    np.testing.assert_allclose(np.sort(table["macro_f1"].dropna()), np.sort(mine["macro_f1"].dropna()))
+    is_runs = mine[mine["protocol"] == "is"]
+    assert child.data.metrics["is/runs_ok"] == (is_runs["status"] == "ok").sum()
+    assert any(key.startswith("mocv/unit/fold") for key in child.data.metrics)
+
+
+def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_path):
+    params = probe_params(probe_data["params"], tmp_path, protocol="mocv")
+    params = parse_params(params.model_dump(mode="json") | {"mlflow": {"enabled": False}})
+    runs = run_probe_stage(params, probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
+    assert set(runs["protocol"]) == {"mocv"}
+    # the experiment reproduces the full run's MOCV rows: no run depends on the runs batched with it
+    keys = ["model", "magnification", "readout", "taxonomy", "unit", "seed"]
+    full = all_protocols["runs"][all_protocols["runs"]["protocol"] == "mocv"]
+    joined = runs.merge(full, on=keys, suffixes=("", "_full"), validate="one_to_one")
+    assert len(joined) == len(runs) == len(full)
+    assert (joined["status"] == joined["status_full"]).all()
+    fitted = joined[joined["status"] == "ok"]
+    assert len(fitted) and (fitted["chosen_c"] == fitted["chosen_c_full"]).all()
+    assert (fitted["lbfgs_iterations"] == fitted["lbfgs_iterations_full"]).all()
+    for metric in ("val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc"):
+        assert (fitted[metric] - fitted[f"{metric}_full"]).abs().max() <= 1e-6, metric
+    metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
+    assert set(metrics["filterbank-dense"]) == {"mocv"}
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_nan_features_are_reported_with_section_and_encoder(probe_data, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(probe_data["data_dir"], data_dir)
+    path = data_dir / "features" / "filterbank-dense" / "10x" / "breast_b" / "Nuc.npy"
+    matrix = np.load(path)
+    matrix[:, 0] = np.nan  # every cell, so evaluated ones too
+    np.save(path, matrix)
+    data = probe_params(probe_data["params"], tmp_path).model_dump(mode="json")
+    params = parse_params(data | {"mlflow": {"enabled": False}})
+    with pytest.raises(InputError, match=r"breast_b.*NaN or infinite Nuc features \(encoder filterbank-dense, 10x\)"):
+        run_probe_stage(params, data_dir, tmp_path / "reports", root=tmp_path)
+    assert not (tmp_path / "reports" / "probe_runs.parquet").exists()
+
+
+def test_too_many_mocv_folds_names_the_parameter(probe_data, tmp_path):
+    from cellpath.errors import ConfigError
+
+    data = probe_params(probe_data["params"], tmp_path).model_dump(mode="json")
+    data["probe"]["mocv_folds"] = 5
+    data["mlflow"] = {"enabled": False}
+    with pytest.raises(ConfigError, match="probe.mocv_folds"):
+        run_probe_stage(parse_params(data), probe_data["data_dir"], tmp_path / "reports", root=tmp_path)
+
+
+def test_no_is_test_cell_shares_an_encoder_patch_with_a_training_or_validation_cell(probe_data, all_protocols):
+    """On the tiny panel's real patch grids (224 px at 10×, 224 µm patches) and at 40× (56 µm): for
+    every IS run, the encoder patches of its test cells and of its train + val cells are disjoint, and
+    the run table counts the test cells each rule removed."""
+    from cellpath.features.encoders.registry import selected_encoders
+    from cellpath.features.panel import encoder_patch_ids, load_panel_cells
+    from cellpath.stages.probe import plan_magnification
+
+    params = all_protocols["params"]
+    data_dir = probe_data["data_dir"]
+    panel = load_panel_cells(data_dir, params.panel)
+    encoders = selected_encoders(params.extract.registry, params.extract.encoders)
+    for magnification in ("10x", "40x"):
+        groups = encoder_patch_ids(data_dir, panel, encoders[0].input_size, magnification)
+        plans = plan_magnification(params, data_dir, panel, encoders, magnification)
+        is_runs = [r for runs in plans.values() for r in runs if r.protocol == "is" and r.task is not None]
+        assert is_runs
+        for run in is_runs:
+            fit = np.concatenate([run.task.train, run.task.val])
+            assert not set(groups[run.task.test]) & set(groups[fit]), (magnification, run.unit, run.seed)
+    runs = all_protocols["runs"]
+    is_rows = runs[runs["protocol"] == "is"]
+    assert (is_rows["n_test_excluded_shared_patch"] > 0).all()  # 224 µm patches straddle every ROI border
+    assert (is_rows["n_test_excluded_buffer"] > 0).all()
+    assert (runs.loc[runs["protocol"] != "is", ["n_test_excluded_buffer", "n_test_excluded_shared_patch"]] == 0).all().all()

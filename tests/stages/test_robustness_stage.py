@@ -1,0 +1,176 @@
+"""The robustness stage on the tiny simulated panel: summaries, margins, enrichment, shortcut, MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cellpath.stages.robustness import cell_groups
+from cellpath.stages.robustness import run as run_robustness_stage
+from cellpath.stages.robustness import scoring_units
+from helpers.stage_params import robustness_params
+
+
+@pytest.fixture(scope="module")
+def stage(tiny_features, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("robustness")
+    params = robustness_params(tiny_features["params"], tmp)
+    summary = run_robustness_stage(params, tiny_features["data_dir"], tmp / "reports", root=tmp)
+    return {"summary": summary, "reports": tmp / "reports", "tmp": tmp, "params": params}
+
+
+def test_summary_rows_per_condition_and_unit(stage):
+    summary = stage["summary"]
+    # panel scope: one unit; organ scope: only Breast has two sections (the confounder needs two levels).
+    assert sorted(zip(summary["readout"], summary["scope"], summary["unit"])) == [
+        ("Mean", "organ", "Breast"), ("Mean", "panel", "panel"), ("Nuc", "organ", "Breast"), ("Nuc", "panel", "panel")]
+    for column in ("croma_median", "f0", "ltm", "ri", "mari", "bio_bacc", "conf_bacc"):
+        assert summary[column].notna().all()
+    assert ((summary["f0"] >= 0) & (summary["f0"] <= 1)).all()
+    assert (summary["ltm"] <= summary["croma_median"]).all()
+    assert (summary["k"] >= 1).all()
+    on_disk = pd.read_csv(stage["reports"] / "robustness" / "summary.csv")
+    assert len(on_disk) == len(summary)
+
+
+def test_sensitivity_sweeps_reproduce_the_headline_at_its_m_and_alpha(stage):
+    reports = stage["reports"] / "robustness"
+    sweep = pd.read_csv(reports / "sensitivity.csv", keep_default_na=False, na_values=[""])
+    summary = stage["summary"].set_index(["readout", "scope", "unit"])
+    assert len(sweep) == len(summary) * (3 + 6)  # three alphas and m = 1..6 per scored condition
+    for (readout, scope, unit, parameter), part in sweep.groupby(["readout", "scope", "unit", "parameter"]):
+        row = summary.loc[(readout, scope, unit)]
+        at = part.set_index("value")
+        if parameter == "alpha":
+            assert at.loc[0.1, "ltm"] == pytest.approx(row["ltm"], abs=1e-12)
+            assert at.loc[0.05, "ltm"] <= at.loc[0.1, "ltm"] <= at.loc[0.2, "ltm"]
+        else:
+            assert sorted(at.index) == [1, 2, 3, 4, 5, 6]
+            assert at.loc[5, "croma_median"] == pytest.approx(row["croma_median"], abs=1e-12)
+            assert at.loc[5, "n_undefined"] == row["n_undefined"]
+    agreement = pd.read_csv(reports / "sensitivity_agreement.csv")
+    alpha_pairs = agreement[agreement["parameter"] == "alpha"][["x", "y"]].drop_duplicates().values.tolist()
+    m_pairs = agreement[agreement["parameter"] == "m"][["x", "y"]].drop_duplicates().values.tolist()
+    assert alpha_pairs == [[0.05, 0.1], [0.05, 0.2], [0.1, 0.2]] and m_pairs == [[5, 1], [5, 6], [1, 6]]
+    assert (agreement["n_models"] == 1).all() and agreement["rho"].isna().all()  # one model: no ranking
+
+
+def test_margins_cover_every_cell_and_undefined_ones_are_counted(stage, tiny_features):
+    margins = pd.read_parquet(stage["reports"] / "robustness" / "margins.parquet")
+    summary = stage["summary"].set_index(["readout", "scope", "unit"])
+    for (readout, scope, unit), part in margins.groupby(["readout", "scope", "unit"]):
+        row = summary.loc[(readout, scope, unit)]
+        assert len(part) == row["n_samples"]
+        assert int(part["margin"].isna().sum()) == row["n_undefined"]
+        assert np.nanmedian(part["margin"]) == pytest.approx(row["croma_median"], abs=1e-9)
+    assert margins["margin"].dropna().between(-1, 1).all()
+
+
+def test_low_margin_enrichment_and_shortcut(stage):
+    reports = stage["reports"] / "robustness"
+    enrichment = pd.read_csv(reports / "low_margin_enrichment.csv")
+    assert set(enrichment["column"]) == {"cell_type", "organ", "section_id"}
+    for _, part in enrichment.groupby(["readout", "scope", "unit", "column"]):
+        assert part["share_low"].sum() == pytest.approx(1.0)
+    shortcut = pd.read_csv(reports / "shortcut_summary.csv")
+    assert set(shortcut["setting"]) == {"in_domain"}  # three sections: too few to hold one out here
+    assert shortcut["nipd"].notna().all()
+    assert (reports / "agreement.csv").is_file()
+    curves = pd.read_csv(reports / "shortcut.csv")
+    assert sorted(curves["cramers_v"].round(1).unique())[0] == 0.0
+    metrics = json.loads((stage["reports"] / "robustness_metrics.json").read_text())
+    assert metrics["magnification"] == "10x" and "filterbank-dense" in metrics
+
+
+def test_conditions_are_logged_to_mlflow_with_margins(stage):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{stage['tmp']}/mlflow.db")
+    experiment = client.get_experiment_by_name("rob")
+    runs = client.search_runs([experiment.experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == len(stage["summary"])
+    artifacts = [a.path for a in client.list_artifacts(children[0].info.run_id)]
+    assert artifacts == ["margins.parquet"]
+    assert "croma_median" in children[0].data.metrics
+
+
+def test_patch_groups_match_the_extraction_tiling(tiny_features):
+    from cellpath.features.encoders.registry import load_registry
+    from cellpath.features.panel import load_panel_cells
+    from helpers.project import PROJECT_ROOT
+
+    spec = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["filterbank-dense"]
+    params = robustness_params(tiny_features["params"], tiny_features["root"], group="patch")
+    panel = load_panel_cells(tiny_features["data_dir"], params.panel)
+    groups = cell_groups(tiny_features["data_dir"], panel, spec, "10x", params.robustness)
+    sidecar = json.loads((tiny_features["data_dir"] / "features" / "filterbank-dense" / "10x" / "breast_a"
+                          / "sidecar.json").read_text())
+    in_breast_a = panel.cells["section_id"].to_numpy() == "breast_a"
+    assert len(set(groups[in_breast_a])) <= sidecar["n_patches"]
+    assert all(g.startswith("breast_a:") for g in groups[in_breast_a])
+    # Cells sharing a patch share its Mean readout exactly: the reason a patch is a group.
+    from cellpath.features.panel import load_base_readouts
+
+    mean = load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel)["Mean"]
+    first = groups[0]
+    same = np.flatnonzero(groups == first)
+    assert len(same) > 1 and np.allclose(mean[same], mean[same[0]])
+
+
+def test_organ_scope_needs_two_confounder_levels():
+    cells = pd.DataFrame({"organ": ["A", "A", "B", "B"], "section_id": ["a1", "a2", "b1", "b1"]})
+    assert [name for name, _ in scoring_units(cells, "organ", "section_id")] == ["A"]
+    assert [name for name, _ in scoring_units(cells, "panel", "section_id")] == ["panel"]
+
+
+def test_k_selected_is_each_models_own_k_and_the_shortcut_records_its_condition(stage, tiny_features):
+    """``k_selected`` is the model's own k* (the first maximiser of its biological k-NN accuracy, as
+    score_embeddings selects it alone), and the shortcut summary names its confounder and runs."""
+    from cellpath.features.panel import load_base_readouts, load_panel_cells, readout_matrix
+    from cellpath.robustness import score_embeddings
+
+    params = stage["params"]
+    summary = stage["summary"]
+    panel = load_panel_cells(tiny_features["data_dir"], params.panel)
+    row = summary[(summary["readout"] == "Nuc") & (summary["scope"] == "panel")].iloc[0]
+    x = readout_matrix(load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel), "Nuc")
+    groups = cell_groups(tiny_features["data_dir"], panel, None, "10x", params.robustness)
+    alone = score_embeddings(x, panel.cells["coarse"].to_numpy(), panel.cells["section_id"].to_numpy(), groups)
+    assert row["k_selected"] == alone.k
+    assert (summary["confounder"] == "section_id").all()
+    shortcut = pd.read_csv(stage["reports"] / "robustness" / "shortcut_summary.csv")
+    assert (shortcut[["confounder", "n_runs"]].drop_duplicates().values.tolist() == [["section_id", 2]])
+    assert (shortcut["nipd_low"] <= shortcut["nipd"]).all() and (shortcut["nipd"] <= shortcut["nipd_high"]).all()
+
+
+def test_models_scored_together_share_k_but_keep_their_own_k_star():
+    """Three stand-in models whose own k* differ: RI/MaRI use the shared k (the lower median of the
+    k*), while each row's k_selected is that model's own k* (before, the shared k was reported)."""
+    from types import SimpleNamespace
+
+    from cellpath.config import RobustnessConfig
+    from cellpath.robustness import score_embeddings, shared_k
+    from cellpath.stages.robustness import _score_models, _UnitData
+
+    rng = np.random.default_rng(0)
+    n = 240
+    biology = np.repeat([0, 1, 2], n // 3)
+    confounder = np.tile([0, 1], n // 2)
+    groups = np.arange(n)
+    specs, features = [], {}
+    for i, noise in enumerate((0.3, 1.0, 2.5)):  # cleaner features → a smaller best k
+        x = np.eye(3)[biology] * 2.0 + rng.normal(0, noise, (n, 3))
+        x = np.concatenate([x, rng.normal(0, 1, (n, 5))], axis=1).astype(np.float32)
+        specs.append(SimpleNamespace(slug=f"model-{i}"))
+        features[f"model-{i}"] = x
+    own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
+    assert len(set(own)) > 1, own  # the case worth testing
+    unit = _UnitData(features, biology, confounder, {s.slug: groups for s in specs})
+    scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
+    k = int(shared_k(own))
+    assert [result.k for _, result, _ in scored] == [k, k, k]
+    assert [own_k for _, _, own_k in scored] == own

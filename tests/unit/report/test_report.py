@@ -1,0 +1,341 @@
+"""The report: table builders against hand values, and the page regenerated from a constructed run table."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from cellpath.config import parse_params
+from cellpath.report import tables
+from cellpath.report.thumbnails import crop_bounds, section_thumbnail
+from cellpath.stages.probe import headline_metrics, run_counts, summarise, write_outputs
+from cellpath.stages.report import load_inputs
+from cellpath.stages.report import run as run_report_stage
+from helpers.project import HANG_GUARD_S, PROJECT_ROOT
+
+MODELS = {"filterbank-dense": 0.5, "random-vit-t16": 0.4, "random-vit-s16": 0.3}  # base Macro-F1
+SECTIONS = {"s1": ("O1", 0.00), "s2": ("O1", 0.04), "s3": ("O2", 0.02), "s4": ("O2", 0.06),
+            "s5": ("O3", 0.01), "s6": ("O3", 0.03)}  # section → (organ, score offset)
+CLASSES = ["Neoplastic", "Lymphocyte", "Fibroblast/Stromal cell"]
+
+
+def _units(protocol: str) -> list[tuple[str, str, float]]:
+    """(unit, organ, offset) per protocol: sections (IS, IOCD), folds (MOCV), organs (LOOO)."""
+    if protocol in ("is", "iocd"):
+        return [(s, organ, offset) for s, (organ, offset) in SECTIONS.items()]
+    if protocol == "mocv":
+        return [(f"fold{i}", "", offset) for i, offset in enumerate([0.0, 0.03, 0.06])]
+    return [(organ, organ, offset) for organ, offset in (("O1", 0.02), ("O2", 0.04), ("O3", 0.02))]
+
+
+NESTED = {"S4": list(SECTIONS)[:4], "S6": list(SECTIONS)}  # as panels.csv below: the first four ranked
+
+
+def constructed_runs() -> pd.DataFrame:
+    """Scores = model base + 0.1 (Nuc) + 0.2 (Tcoarse) + unit offset ± 0.01 (two seeds that cancel)."""
+    rows = []
+    for model, base in MODELS.items():
+        for readout in ("Nuc", "Mean"):
+            for taxonomy in ("fine", "coarse"):
+                for protocol in ("is", "iocd", "mocv", "looo"):
+                    for unit, organ, offset in _units(protocol):
+                        for seed, noise in enumerate((-0.01, 0.01)):
+                            score = base + 0.1 * (readout == "Nuc") + 0.2 * (taxonomy == "coarse") + offset + noise
+                            rows.append({"model": model, "magnification": "20x", "readout": readout,
+                                         "taxonomy": taxonomy, "protocol": protocol, "unit": unit, "organ": organ,
+                                         "seed": seed, "status": "ok", "skip_reason": "", "macro_f1": score,
+                                         "macro_auroc": score + 0.3, "macro_auprc": score,
+                                         "lbfgs_iterations": 30, "converged": seed == 0})
+    return pd.DataFrame(rows)
+
+
+def _robustness_outputs(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    condition = {"magnification": "20x", "readout": "Nuc", "taxonomy": "fine", "scope": "panel", "unit": "panel"}
+    medians = {"filterbank-dense": (0.10, -0.30), "random-vit-t16": (0.20, -0.50), "random-vit-s16": (0.05, -0.60)}
+    pd.DataFrame([{"model": m, **condition, "n_samples": 100, "n_undefined": 2, "n_unresolved": 0,
+                   "n_zero_distance": 0, "m": 5, "k": 11, "alpha": 0.1, "croma_median": med, "f0": 0.4, "ltm": ltm,
+                   "q_alpha": ltm, "ri": 0.6, "mari": 0.55, "support": 0.9, "tau": 0.01, "bio_bacc": 0.5,
+                   "conf_bacc": 0.4, "k_selected": 11, "confounder": "section_id"} for m, (med, ltm) in medians.items()]
+                 ).to_csv(folder / "summary.csv", index=False)
+    rng = np.random.default_rng(0)
+    pd.DataFrame([{"model": m, **condition, "cell_id": f"c{i}", "section_id": "s1", "organ": "O1",
+                   "cell_type": CLASSES[i % 3], "margin": float(v)}
+                  for m in medians for i, v in enumerate(rng.uniform(-1, 1, 50))]
+                 ).to_parquet(folder / "margins.parquet", index=False)
+    pd.DataFrame([{"column": "cell_type", "category": "Lymphocyte", "n_low": 8, "n_defined": 30, "share_low": 0.8,
+                   "share_all": 0.3, "enrichment": 2.67, "model": "random-vit-t16", **condition}]
+                 ).to_csv(folder / "low_margin_enrichment.csv", index=False)
+    pd.DataFrame([{"model": m, "setting": s, "cramers_v": v, "balanced_accuracy_mean": 0.6 - 0.1 * v,
+                   "balanced_accuracy_sd": 0.01} for m in medians for s in ("in_domain", "held_out")
+                  for v in (0.0, 0.5, 1.0)]).to_csv(folder / "shortcut.csv", index=False)
+    pd.DataFrame([{"model": m, "setting": s, "readout": "Nuc", "taxonomy": "coarse", "magnification": "20x",
+                   "confounder": "section_id", "n_runs": 20, "apd": -0.05, "nipd": -0.1, "nipd_low": -0.15,
+                   "nipd_high": -0.05} for m in medians for s in ("in_domain", "held_out")]
+                 ).to_csv(folder / "shortcut_summary.csv", index=False)
+    from cellpath.robustness.agreement import metric_agreement
+
+    metric_agreement(pd.read_csv(folder / "summary.csv"), pd.read_csv(folder / "shortcut_summary.csv")
+                     ).to_csv(folder / "agreement.csv", index=False)
+    from cellpath.robustness.sensitivity import sensitivity_agreement
+
+    # m sweep: at m = 1 the models' order reverses (ρ = -1 against m = 5), m = 20 keeps it (ρ = 1).
+    sweep = pd.DataFrame([{"model": model, **condition, "parameter": "m", "value": float(m),
+                           "croma_median": med * (-1 if m == 1 else 1), "ltm": ltm}
+                          for model, (med, ltm) in medians.items() for m in (1, 5, 20)])
+    sensitivity_agreement(sweep, list(condition), headline_m=5).to_csv(folder / "sensitivity_agreement.csv",
+                                                                       index=False)
+
+
+def _data_outputs(data: Path) -> None:
+    (data / "labels").mkdir(parents=True)
+    counts = {"s1": [10, 20, 30], "s2": [5, 5, 5], "s3": [1, 2, 3], "s4": [0, 4, 4], "s5": [7, 0, 1], "s6": [2, 2, 2]}
+    pd.DataFrame([{"section_id": s, "organ": SECTIONS[s][0], "excluded": False,
+                   **{f"fine:{c}": n for c, n in zip(CLASSES, values)}} for s, values in counts.items()]
+                 ).to_csv(data / "labels" / "summary.csv", index=False)
+    pd.DataFrame([{"section_id": s, "organ": organ, "score": 0.9 - 0.1 * i, "cells": 100, "n_matched": 80,
+                   "excluded_by_annotation": False, "rank": i + 1, "S4": i < 4, "S6": True}
+                  for i, (s, (organ, _)) in enumerate(SECTIONS.items())]).to_csv(data / "panels.csv", index=False)
+
+
+@pytest.fixture(scope="module")
+def constructed(tmp_path_factory):
+    """Probe outputs written by the probe stage's own writer from a constructed run table, plus
+    robustness, annotation and concordance outputs with the stages' columns."""
+    root = tmp_path_factory.mktemp("report")
+    project = PROJECT_ROOT
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw.update({"panel": "S6", "report": {"thumbnails": 0}})
+    raw["concordance"]["panel_sizes"] = [4, 6]
+    raw["extract"].update({"encoders": list(MODELS), "magnifications": ["20x"],
+                           "registry": str(project / "models" / "encoders.yaml")})
+    raw["robustness"]["magnifications"] = None
+    params = parse_params(raw)
+    runs = constructed_runs()
+    summaries = summarise(runs, ["20x"], NESTED)
+    counts = run_counts(runs, {p: 0 for p in ("is", "iocd", "mocv", "looo")})
+    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, counts, ["20x"]))
+    _robustness_outputs(root / "reports" / "robustness")
+    _data_outputs(root / "data")
+    return {"root": root, "params": params, "runs": runs}
+
+
+class _Tables(HTMLParser):
+    """Cell texts of every <table id=...> of a page: {id: [[cells of row], ...]}."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table = self._row = self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._table = self.tables.setdefault(dict(attrs).get("id", ""), [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+            self._table.append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _cell(page: dict, table: str, row: str, column: str) -> str:
+    header, *rows = page[table]
+    by_row = {r[0]: r for r in rows}
+    return by_row[row][header.index(column)]
+
+
+@pytest.fixture(scope="module")
+def page(constructed):
+    root = constructed["root"]
+    html_path = run_report_stage(constructed["params"], root / "data", root / "reports", root=root)
+    parser = _Tables()
+    parser.feed(html_path.read_text())
+    return {"tables": parser.tables, "path": html_path, "reports": root / "reports"}
+
+
+def test_headline_cells_are_the_hand_values(page):
+    t = page["tables"]
+    # IS Tfine Nuc of filterbank-dense: 0.5 + 0.1 + organ means (0.02, 0.04, 0.02) → 0.62667 ± 0.01155.
+    assert _cell(t, "headline", "filterbank-dense", "IS") == "62.67 ± 1.15"
+    # MOCV: folds 0, 0.03, 0.06 → 0.63 ± 0.03; CRA (Nuc − Mean) is 0.1 everywhere → 10.00 pp.
+    assert _cell(t, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
+    assert _cell(t, "headline", "random-vit-t16", "CRA") == "10.00"
+    assert _cell(t, "headline", "random-vit-t16", "CRoMa median") == "0.20"
+
+
+def test_win_and_crt_cells(page):
+    t = page["tables"]
+    # The IS tables' Wins are CRA wins: every model's Nuc − Mean is the same 0.1, so nobody wins.
+    assert [_cell(t, "is_fine_20x", m, "Wins") for m in MODELS] == ["0", "0", "0"]
+    # Cross-domain wins pair (unit, seed): IOCD 6 sections × 2 seeds, MOCV 3 folds × 2, LOOO 3 organs × 2,
+    # each with constant differences → p ≤ 2/2^6 < 0.05: the best model beats both others everywhere, CRT 2.
+    # (Seed-averaged units gave MOCV and LOOO three pairs, p ≥ 0.25, and CRT 2/3.)
+    for protocol in ("IOCD", "MOCV", "LOOO"):
+        assert _cell(t, "cross_domain_fine", "filterbank-dense", f"{protocol} wins") == "2"
+        assert _cell(t, "cross_domain_fine", "random-vit-s16", f"{protocol} wins") == "0"
+    assert _cell(t, "cross_domain_fine", "filterbank-dense", "CRT") == "2.00"
+    assert _cell(t, "cross_domain_fine", "random-vit-t16", "CRT") == "1.00"
+    # Table 4: pooled CRA 0.1 with zero spread across organs; no CRA wins (equal differences).
+    assert _cell(t, "cra_20x", "random-vit-t16", "CRA") == "10.00 ± 0.00"
+    assert _cell(t, "cra_20x", "random-vit-t16", "Tcoarse Nuc") == "72.67 ± 1.15"
+
+
+def test_rows_are_sorted_by_wins_and_best_values_are_marked(page):
+    rows = [r[0] for r in page["tables"]["cross_domain_fine"][1:]]
+    assert rows == ["filterbank-dense", "random-vit-t16", "random-vit-s16"]
+    html = page["path"].read_text()
+    assert '<td class="best">62.67 ± 1.15</td>' in html
+
+
+def test_panel_robustness_reads_smaller_panels_from_the_same_is_runs(page):
+    panel = pd.read_csv(page["reports"] / "tables" / "panel_robustness.csv")
+    s4 = panel[(panel["panel"] == "S4") & (panel["model"] == "filterbank-dense")].iloc[0]
+    # S4 = s1..s4: organ means 0.02, 0.04 → 0.6 + 0.03.
+    assert s4["IS Nuc F1"] == pytest.approx(0.63)
+    assert s4["n_sections"] == 4 and s4["rank"] == 1
+    assert panel["spearman_vs_largest"].dropna().eq(1.0).all()
+
+
+def test_every_section_and_output_is_present(page):
+    html = page["path"].read_text()
+    for anchor in ("headline", "within", "cross", "landscape", "effects", "panels", "robustness", "data",
+                   "where", "glossary"):
+        assert f'<section id="{anchor}">' in html
+    assert html.count("data:image/png;base64,") >= 9
+    reports = page["reports"]
+    for name in ("headline", "cra_20x", "cross_domain_fine", "robustness", "class_counts", "panels"):
+        assert (reports / "tables" / f"{name}.csv").is_file() and (reports / "tables" / f"{name}.md").is_file()
+    assert {p.name for p in (reports / "figures").iterdir()} >= {"landscape.png", "croma.png", "classes.png"}
+    # The Pareto flag: random-vit-t16 (0.20, −0.50) and filterbank-dense (0.10, −0.30) are undominated.
+    robustness = pd.read_csv(reports / "tables" / "robustness.csv").set_index("model")
+    assert robustness["pareto"].to_dict() == {"random-vit-t16": True, "filterbank-dense": True,
+                                              "random-vit-s16": False}
+    sensitivity = pd.read_csv(reports / "tables" / "sensitivity.csv").set_index("comparison")
+    assert sensitivity["ρ"].to_dict() == {"m 5 vs 1": -1.0, "m 5 vs 20": 1.0, "m 1 vs 20": -1.0}
+    assert sensitivity.loc["m 5 vs 1", "< 0 at x / y"] == "0 / 3" and "Sensitivity to m and α" in html
+
+
+def test_missing_input_names_the_file_and_the_stage(constructed, tmp_path):
+    shutil.copytree(constructed["root"] / "reports", tmp_path / "reports")
+    (tmp_path / "reports" / "probe" / "cra_pooled.csv").unlink()
+    with pytest.raises(Exception, match=r"cra_pooled\.csv.*dvc repro probe"):
+        load_inputs(constructed["params"], constructed["root"] / "data", tmp_path / "reports")
+
+
+def test_a_condition_with_one_balanced_unit_keeps_its_mean_without_an_sd():
+    is_panels = pd.DataFrame([
+        {"panel": "S2", "metric": "macro_f1", "model": "m", "magnification": "20x", "readout": r, "taxonomy": "fine",
+         "mean": 0.5, "sd": np.nan if r == "Mean" else 0.1, "n_sections": 1 if r == "Mean" else 2}
+        for r in ("Nuc", "Mean")])
+    cra_panels = pd.DataFrame(columns=["panel", "metric", "model", "magnification", "taxonomy", "cra", "wins"])
+    table = tables.is_readout_table(is_panels, cra_panels, "S2", "20x", "fine")
+    assert tables.display(table).loc["m"].tolist() == ["50.00 ± 10.00", "50.00", "–", "0"]
+
+
+def test_parse_count_and_pareto_frontier_golden():
+    assert tables.parse_count("350K (converted)") == 350_000
+    assert tables.parse_count("1100M") == 1.1e9
+    assert tables.parse_count("1007") == 1007
+    assert tables.parse_count(None) is None and tables.parse_count("n/a") is None
+    median, tail = np.array([0.1, 0.2, 0.05, 0.2]), np.array([-0.3, -0.5, -0.6, -0.4])
+    assert tables.pareto_frontier(median, tail).tolist() == [True, False, False, True]
+
+
+def test_display_formats_pairs_wins_and_missing_values():
+    frame = pd.DataFrame({"Nuc mean": [0.5, np.nan], "Nuc sd": [0.1, np.nan], "Wins": [2.0, np.nan],
+                          "CRA": [0.123, 0.0], "flag": [True, False]}, index=["a", "b"])
+    shown = tables.display(frame)
+    assert shown.loc["a"].tolist() == ["50.00 ± 10.00", "2", "12.30", "yes"]
+    assert shown.loc["b"].tolist() == ["–", "–", "0.00", ""]
+
+
+def test_thumbnail_crop_is_inside_the_slide_and_points_fall_in_it(tiny_panel):
+    assert crop_bounds(np.array([[5.0, 5.0]]), (100, 80), 40) == (0, 0, 40, 40)
+    assert crop_bounds(np.array([[95.0, 70.0]]), (100, 80), 40) == (60, 40, 100, 80)
+    from cellpath.io.sections import read_section_index
+
+    data_dir = tiny_panel["data_dir"]
+    row = read_section_index(data_dir).iloc[0]
+    thumb = section_thumbnail(data_dir, data_dir / "raw", row, side_um=60.0, mpp=1.0)
+    assert thumb.image.shape == (60, 60, 3)
+    assert len(thumb.points) > 0
+    assert thumb.points["x_px"].between(0, 60).all() and thumb.points["y_px"].between(0, 60).all()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_page_renders_in_headless_chromium(page, tmp_path):
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page["path"].as_uri()], capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'id="headline"' in dom.stdout and "62.67 ± 1.15" in dom.stdout
+    shot = tmp_path / "page.png"
+    subprocess.run([CHROMIUM, *flags, "--window-size=1200,2000", f"--screenshot={shot}", page["path"].as_uri()],
+                   capture_output=True, timeout=HANG_GUARD_S, check=True)
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    assert pixels.shape == (2000, 1200) and pixels.std() > 10  # not blank
+
+
+def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
+    """A `dvc exp run -S protocol=mocv` workspace: no IS, no cross-organ wins, shortcut disabled."""
+    runs = constructed["runs"]
+    runs = runs[(runs["protocol"] == "mocv") & (runs["model"] == "filterbank-dense")]
+    summaries = summarise(runs, ["20x"], NESTED)
+    counts = run_counts(runs, {"mocv": 0})
+    root = tmp_path
+    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, counts, ["20x"]))
+    shutil.copytree(constructed["root"] / "reports" / "robustness", root / "reports" / "robustness")
+    for name in ("shortcut", "shortcut_summary"):
+        header = (root / "reports" / "robustness" / f"{name}.csv").read_text().splitlines()[0]
+        (root / "reports" / "robustness" / f"{name}.csv").write_text(header + "\n")
+    shutil.copytree(constructed["root"] / "data", root / "data")
+    page = run_report_stage(constructed["params"], root / "data", root / "reports", root=root).read_text()
+    parser = _Tables()
+    parser.feed(page)
+    assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
+    assert _cell(parser.tables, "headline", "filterbank-dense", "IS") == "–"
+    assert "panel robustness: no data in this run" in page and "shortcut probe: no data in this run" in page
+
+
+def test_nipd_joins_only_the_robustness_rows_of_its_own_condition():
+    """The shortcut probe ran on Tcoarse with the section confounder: its nIPD belongs beside the
+    Tcoarse section-confounder panel row, never beside Tfine or an organ-confounder row."""
+    base = {"model": "m", "magnification": "20x", "readout": "Nuc", "scope": "panel", "unit": "panel", "n_samples": 10,
+            "n_undefined": 0, "croma_median": 0.1, "f0": 0.3, "ltm": -0.2, "ri": 0.5, "mari": 0.5, "support": 1.0,
+            "k": 5, "k_selected": 7, "bio_bacc": 0.6, "conf_bacc": 0.3}
+    summary = pd.DataFrame([base | {"taxonomy": t, "confounder": c} for t in ("fine", "coarse")
+                            for c in ("section_id", "organ")])
+    shortcut = pd.DataFrame([{"model": "m", "setting": "in_domain", "readout": "Nuc", "taxonomy": "coarse",
+                              "magnification": "20x", "confounder": "section_id", "n_runs": 20, "apd": -0.1,
+                              "nipd": -0.25, "nipd_low": -0.3, "nipd_high": -0.2}])
+    table = tables.robustness_table(summary, shortcut).set_index(["taxonomy", "confounder"])
+    assert table.loc[("coarse", "section_id"), "nipd in_domain"] == -0.25
+    assert table.loc[("coarse", "section_id"), "nipd low in_domain"] == -0.3
+    for other in (("fine", "section_id"), ("fine", "organ"), ("coarse", "organ")):
+        assert np.isnan(table.loc[other, "nipd in_domain"]), other
+    assert (table["k_selected"] == 7).all()
