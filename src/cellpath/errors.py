@@ -41,6 +41,14 @@ class InputError(CellPathError):
         self.section = section
 
 
+class EncoderUnavailable(CellPathError):
+    """The encoder cannot be built here: its weights are missing or cellpath has no loader for it."""
+
+
+class EncoderLoadError(CellPathError):
+    """Weights, their config or the encoder's outputs disagree with the registry row (fix one of them)."""
+
+
 class DownloadError(CellPathError):
     """A download failed, was truncated, or did not match its checksum."""
 

@@ -1,11 +1,11 @@
 """Build a frozen encoder from its registry row and read its token grid.
 
-Weights for a ``timm`` row come, in this order, from a local checkpoint
-``<weights_dir>/<slug>/{model.safetensors, pytorch_model.bin}`` or from a snapshot already in the
-Hugging Face cache (looked up on disk only: nothing is downloaded). Both are loaded strictly into
-the architecture the row describes, so a wrong row is an error, not silently different features.
-``custom:`` rows raise :class:`EncoderUnavailable` saying what they need; ``offline:`` rows need
-no weights.
+Weights for a ``timm`` or ``transformers`` row come, in this order, from a local checkpoint
+``<weights_dir>/<slug>/{model.safetensors, pytorch_model.bin}`` (with its ``config.json`` for a
+transformers row) or from a snapshot already in the Hugging Face cache (looked up on disk only:
+nothing is downloaded). Both are loaded strictly into the architecture the row describes, so a
+wrong row is an error, not silently different features. ``custom:`` rows raise
+:class:`EncoderUnavailable` saying what they need; ``offline:`` rows need no weights.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import try_to_load_from_cache
 from torch import nn
 
-from cellpath.errors import CellPathError
+from cellpath.errors import EncoderLoadError, EncoderUnavailable
 from cellpath.features.encoders.filterbank import FilterBankEncoder
 from cellpath.features.encoders.registry import EncoderSpec
+from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
 
 CHECKPOINT_FILENAMES = ("model.safetensors", "pytorch_model.bin")
 TIMM_LAYERS: dict[str, type[nn.Module]] = {
@@ -36,15 +37,18 @@ TIMM_LAYERS: dict[str, type[nn.Module]] = {
     "GELU": nn.GELU,
     "SiLU": nn.SiLU,
 }
+#: A timm key (part) → the row field that shapes it: named when a strict load fails on that key.
+TIMM_KEY_FIELDS = {
+    "pos_embed": "img_size (pos_embed holds one entry per grid token; dynamic_img_size resamples it)",
+    "patch_embed.proj": "patch_size / embed_dim",
+    "reg_token": "reg_tokens (registers)",
+    "cls_token": "class_token",
+    "mlp.fc1": "mlp_ratio (the MLP's hidden width = embed_dim × mlp_ratio) or mlp_layer",
+    "mlp.w12": "mlp_layer / mlp_ratio",
+    ".ls1.": "init_values (LayerScale)",
+    "blocks.": "depth",
+}
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
-
-
-class EncoderUnavailable(CellPathError):
-    """The encoder cannot be built here: weights are missing or cellpath has no loader for it."""
-
-
-class EncoderLoadError(CellPathError):
-    """Weights or outputs disagree with the registry row (fix the row or the checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,10 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
             module = build_timm_module(spec)
         weights = f"random initialisation (seed {spec.init_seed})"
         revision = f"init_seed={spec.init_seed};torch={torch.__version__};timm={timm.__version__}"
+    elif spec.loader == "transformers":
+        found = find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        module = build_transformers_module(spec, found.path.parent, found.path)
+        weights, revision = str(found.path), found.revision
     else:
         found = find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
         if found.origin == "hf-cache":
@@ -133,29 +141,36 @@ def build_timm_module(spec: EncoderSpec) -> nn.Module:
 def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
                  hf_cache_dir: Path | None = None) -> WeightsFile:
     """The first checkpoint found: ``<weights_dir>/<slug>/`` then the HF cache snapshot of
-    ``spec.hub_id`` at ``spec.revision``. Raises one EncoderUnavailable naming both places."""
+    ``spec.hub_id`` at ``spec.revision`` (for a transformers row, a weights file with a
+    ``config.json`` beside it). Raises one EncoderUnavailable naming both places."""
     local_dir = Path(weights_dir) / spec.slug
-    for filename in CHECKPOINT_FILENAMES:
-        if (local_dir / filename).is_file():
-            return WeightsFile(local_dir / filename, "sha256:" + _sha256(local_dir / filename), "local")
+    needs_config = spec.loader == "transformers"
+    filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
+    for filename in filenames:
+        path = local_dir / filename
+        if path.is_file() and (not needs_config or (local_dir / CONFIG_FILENAME).is_file()):
+            return WeightsFile(path, "sha256:" + _sha256(path), "local")
     cache_dir = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
-    for filename in CHECKPOINT_FILENAMES:
+    for filename in filenames:
         cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision)
-        if isinstance(cached, str):
+        if isinstance(cached, str) and (not needs_config or (Path(cached).parent / CONFIG_FILENAME).is_file()):
             return WeightsFile(Path(cached), Path(cached).parent.name, "hf-cache")
-    names = " or ".join(CHECKPOINT_FILENAMES)
+    names = " or ".join(filenames) + (f", with its {CONFIG_FILENAME}," if needs_config else "")
+    architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
+        else f"timm {spec.timm_model} state dict"
     raise EncoderUnavailable(
         f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
         f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
         f"`hf download {spec.hub_repo} --revision {spec.revision}` (older huggingface_hub: "
         f"`huggingface-cli download`) on a machine with hub access, gated repos after accepting their "
-        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a timm "
-        f"{spec.timm_model} state dict into {local_dir}/ as {names}."
+        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a {architecture} "
+        f"into {local_dir}/ as {names}."
     )
 
 
 def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
-    """A flat state dict from a .safetensors or torch pickle (weights_only) file."""
+    """A flat state dict from a .safetensors or torch pickle (weights_only) file, taken from under
+    ``checkpoint.state_dict_key`` when the file wraps it, with ``checkpoint.drop`` left out."""
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -165,10 +180,21 @@ def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same actionable message
         raise EncoderLoadError(f"{spec.name}: cannot read checkpoint {path} ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    key = spec.checkpoint.state_dict_key
+    if key is not None and isinstance(state, dict) and not _flat(state):
+        if key not in state:
+            raise EncoderLoadError(f"{spec.name}: checkpoint {path} has no {key!r} entry (checkpoint.state_dict_key); "
+                                   f"its top-level keys: {', '.join(map(str, list(state)[:8]))}")
+        state = state[key]
+    if not isinstance(state, dict) or not _flat(state):
         raise EncoderLoadError(f"{spec.name}: checkpoint {path} is not a flat state dict of tensors "
-                               "(save model.state_dict() itself)")
-    return state
+                               "(save model.state_dict() itself, or name its entry in checkpoint.state_dict_key)")
+    dropped = tuple(spec.checkpoint.drop)
+    return {k: v for k, v in state.items() if not k.startswith(dropped)} if dropped else state
+
+
+def _flat(state: dict) -> bool:
+    return all(isinstance(v, torch.Tensor) for v in state.values())
 
 
 def load_weights_strict(module: nn.Module, state: dict[str, torch.Tensor], spec: EncoderSpec, path: Path) -> None:
@@ -179,11 +205,14 @@ def load_weights_strict(module: nn.Module, state: dict[str, torch.Tensor], spec:
     misshapen = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
                  if k in state and state[k].shape != v.shape]
     if missing or unexpected or misshapen:
+        hints = sorted({field for key in [*missing, *unexpected, *misshapen] for part, field in TIMM_KEY_FIELDS.items()
+                        if part in key})
         raise EncoderLoadError(
             f"{spec.name}: checkpoint {path} does not match timm {spec.timm_model} with the registry's "
             f"timm_kwargs: {_first(missing, 'missing')}; {_first(unexpected, 'unexpected')}; "
-            f"{_first(misshapen, 'misshapen (checkpoint vs model)')}. Fix timm_kwargs in models/encoders.yaml "
-            "or provide the checkpoint of this model."
+            f"{_first(misshapen, 'misshapen (checkpoint vs model)')}. "
+            + (f"The field(s) these keys are shaped by: {'; '.join(hints)}. " if hints else "")
+            + "Fix timm_kwargs in models/encoders.yaml or provide the checkpoint of this model."
         )
     module.load_state_dict(state, strict=True)
 
@@ -200,7 +229,8 @@ def check_hub_config(spec: EncoderSpec, config_path: Path) -> None:
     for key, value in (config.get("model_args") or {}).items():
         if key in spec.timm_kwargs and not _same(spec.timm_kwargs[key], value):
             problems.append(f"model_args.{key} {value!r} vs timm_kwargs.{key} {spec.timm_kwargs[key]!r}")
-    pretrained = config.get("pretrained_cfg") or {}
+    # a row whose mean/std follow the model card is not held to the hub config's (recorded in its notes)
+    pretrained = (config.get("pretrained_cfg") or {}) if spec.mean_std_source == "hub-config" else {}
     for key in ("mean", "std"):
         if key in pretrained and not _same(tuple(pretrained[key]), getattr(spec, key)):
             problems.append(f"pretrained_cfg.{key} {pretrained[key]} vs {key} {list(getattr(spec, key))}")

@@ -24,7 +24,9 @@ DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU")
 _LAYER_KWARGS = ("mlp_layer", "act_layer")
 
-LOADER_PATTERN = r"^(timm|custom:[a-z0-9][a-z0-9.-]*|offline:(random-vit|filterbank))$"
+LOADER_PATTERN = r"^(timm|transformers|custom:[a-z0-9][a-z0-9.-]*|offline:(random-vit|filterbank))$"
+#: transformers model classes a ``transformers`` row can name (vision backbones returning last_hidden_state).
+TransformersClass = Literal["ViTModel", "Dinov2Model", "Dinov2WithRegistersModel", "CLIPVisionModel"]
 HUB_ID_PATTERN = r"^hf-hub:[A-Za-z0-9][\w.-]*/[\w.-]+$"
 
 Rgb = tuple[float, float, float]
@@ -43,6 +45,22 @@ class UnknownEncoder(RegistryError):
         self.reason = reason
 
 
+class CheckpointSpec(BaseModel):
+    """How a row's published checkpoint differs from a bare state dict of its architecture.
+
+    ``filename``: the file's name in the hub repo and in ``models/<slug>/`` when it is not
+    ``model.safetensors`` / ``pytorch_model.bin`` (e.g. GPFM's ``GPFM.pth``); ``state_dict_key``: the
+    key holding the state dict when the file wraps it in a dict (a file that is already flat is read
+    as is); ``drop``: keys (exact, or prefixes ending in ".") of other heads or towers, left out
+    (e.g. a CLIP checkpoint's text tower); every other key must load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    filename: Annotated[str, Field(pattern=r"^[\w.-]+\.(safetensors|bin|pth|pt)$")] | None = None
+    state_dict_key: str | None = None
+    drop: tuple[str, ...] = ()
+
+
 class EncoderSpec(BaseModel):
     """One registry row. Units: ``input_size`` and ``patch_size`` in px of the encoder input (the
     patch read at the target mpp); ``native_mpp`` in µm/px; ``mean``/``std`` for [0, 1] RGB."""
@@ -57,6 +75,12 @@ class EncoderSpec(BaseModel):
     loader: Annotated[str, Field(pattern=LOADER_PATTERN)]
     timm_model: str | None = None
     timm_kwargs: dict[str, KwargValue] = Field(default_factory=dict)
+    transformers_class: TransformersClass | None = None
+    transformers_kwargs: dict[str, KwargValue] = Field(default_factory=dict)
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    #: Where mean/std come from: the cached hub config (checked against the row when present), or
+    #: the model card where the two disagree (the hub config's values are then not compared).
+    mean_std_source: Literal["hub-config", "model-card"] = "hub-config"
     requires: str | None = None
     init_seed: int | None = None
     mean: Rgb
@@ -85,14 +109,23 @@ class EncoderSpec(BaseModel):
                              else f"timm_model is only used by timm loaders, not {self.loader!r}")
         if self.timm_kwargs and not builds_timm:
             raise ValueError(f"timm_kwargs are only used by timm loaders, not {self.loader!r}")
+        if (self.loader == "transformers") != (self.transformers_class is not None):
+            raise ValueError("transformers_class is required for loader 'transformers'"
+                             if self.loader == "transformers" else
+                             f"transformers_class is only used by the transformers loader, not {self.loader!r}")
+        if self.transformers_kwargs and self.loader != "transformers":
+            raise ValueError(f"transformers_kwargs are only used by the transformers loader, not {self.loader!r}")
         if self.loader.startswith("custom:") != (self.requires is not None):
             raise ValueError("requires (what the custom loader needs) must be given exactly for custom: loaders")
         if (self.loader == "offline:random-vit") != (self.init_seed is not None):
             raise ValueError("init_seed must be given exactly for loader offline:random-vit")
-        if self.loader == "timm" and self.hub_id is None:
-            raise ValueError("a timm row needs a hub_id (weights may also come from models/<slug>/)")
+        if self.loader in ("timm", "transformers") and self.hub_id is None:
+            raise ValueError(f"a {self.loader} row needs a hub_id (weights may also come from models/<slug>/)")
+        resized = self.timm_kwargs.get("dynamic_img_size") is True  # position embeddings resampled to the input
         for key, expected in (("img_size", self.input_size), ("patch_size", self.patch_size),
                               ("embed_dim", self.embed_dim)):
+            if key == "img_size" and resized:
+                continue
             if key in self.timm_kwargs and self.timm_kwargs[key] != expected:
                 field = key.replace("img_", "input_")
                 raise ValueError(f"timm_kwargs.{key} = {self.timm_kwargs[key]!r} disagrees with {field} = {expected}")

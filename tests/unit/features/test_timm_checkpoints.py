@@ -1,0 +1,151 @@
+"""timm rows whose published checkpoint is not a bare model.safetensors: GPFM's wrapped GPFM.pth, a
+checkpoint with keys to drop, and Kaiko ViT-L/14's 37×37 position embeddings fed 224 px."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from cellpath.features.encoders.loading import (EncoderLoadError, EncoderUnavailable, build_timm_module,
+                                                images_to_tensor, load_encoder)
+from cellpath.features.encoders.registry import EncoderSpec, load_registry
+from helpers.project import PROJECT_ROOT
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def _row(**overrides) -> EncoderSpec:
+    """A 2-block DINOv2-style ViT/14 at 224 px (16×16 grid), width 32."""
+    row = {
+        "name": "tiny-dinov2", "type": "PV", "architecture": "ViT-tiny/14", "hub_id": "hf-hub:cellpath-test/tiny-dinov2",
+        "revision": "main", "loader": "timm", "timm_model": "vit_small_patch14_dinov2",
+        "timm_kwargs": {"img_size": 224, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 1e-5},
+        "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_size": 224, "patch_size": 14,
+        "num_prefix_tokens": 1, "has_cls": True, "embed_dim": 32, "native_mpp": None, "pretrain_magnification": None,
+        "precision": "fp32", "params": None, "pretrain_wsi_equivalent": None}
+    row.update(overrides)
+    return EncoderSpec.model_validate(row)
+
+
+def _images(n: int = 2) -> np.ndarray:
+    return np.random.default_rng(3).integers(0, 256, size=(n, 224, 224, 3), dtype=np.uint8)
+
+
+def _tokens(module, spec, images):
+    with torch.inference_mode():
+        return module.eval().forward_features(images_to_tensor(images, spec, torch.device("cpu")))
+
+
+def test_the_gpfm_row_is_a_timm_dinov2_vit_reading_gpfm_pth():
+    gpfm = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["GPFM"]
+    assert (gpfm.loader, gpfm.timm_model, gpfm.checkpoint.filename) == ("timm", "vit_large_patch14_dinov2", "GPFM.pth")
+    module = build_timm_module(gpfm)
+    assert module.pos_embed.shape == (1, 1 + 16 * 16, 1024) and module.num_prefix_tokens == 1
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_a_named_pth_file_wrapped_in_a_state_dict_entry_loads_strictly(tmp_path, wrapped):
+    spec = _row(checkpoint={"filename": "GPFM.pth", "state_dict_key": "state_dict"})
+    torch.manual_seed(0)
+    original = build_timm_module(spec)
+    folder = tmp_path / spec.slug
+    folder.mkdir()
+    state = original.state_dict()
+    torch.save({"state_dict": state, "epoch": 3} if wrapped else state, folder / "GPFM.pth")
+    encoder = load_encoder(spec, weights_dir=tmp_path, hf_cache_dir=tmp_path / "hub")
+    assert encoder.weights.endswith("GPFM.pth")
+    cls, grid = encoder.forward_tokens(_images())
+    expected = _tokens(original, spec, _images())
+    torch.testing.assert_close(grid, expected[:, 1:].reshape(2, 16, 16, 32))
+    torch.testing.assert_close(cls, expected[:, 0])
+
+
+def test_a_wrapped_file_without_the_named_entry_names_what_it_has(tmp_path):
+    spec = _row(checkpoint={"filename": "GPFM.pth", "state_dict_key": "state_dict"})
+    (tmp_path / spec.slug).mkdir()
+    torch.save({"model": build_timm_module(spec).state_dict(), "epoch": 3}, tmp_path / spec.slug / "GPFM.pth")
+    with pytest.raises(EncoderLoadError, match=r"no 'state_dict' entry.*top-level keys: model, epoch"):
+        load_encoder(spec, weights_dir=tmp_path)
+
+
+def test_without_the_named_file_the_message_names_it(tmp_path):
+    spec = _row(checkpoint={"filename": "GPFM.pth"})
+    (tmp_path / spec.slug).mkdir()
+    save_file(build_timm_module(spec).state_dict(), tmp_path / spec.slug / "model.safetensors")  # not the row's file
+    with pytest.raises(EncoderUnavailable, match=r"Looked for GPFM\.pth in"):
+        load_encoder(spec, weights_dir=tmp_path, hf_cache_dir=tmp_path / "hub")
+
+
+def test_dropped_keys_are_left_out_and_others_still_load_strictly(tmp_path):
+    spec = _row(checkpoint={"drop": ["attn_mask", "head."]})
+    folder = tmp_path / spec.slug
+    folder.mkdir()
+    state = build_timm_module(spec).state_dict() | {"attn_mask": torch.zeros(4, 4), "head.weight": torch.zeros(2, 32)}
+    save_file(state, folder / "model.safetensors")
+    load_encoder(spec, weights_dir=tmp_path)
+    save_file(state | {"extra.weight": torch.zeros(1)}, folder / "model.safetensors")
+    with pytest.raises(EncoderLoadError, match=r"unexpected: extra\.weight"):
+        load_encoder(spec, weights_dir=tmp_path)
+
+
+def test_position_embeddings_of_a_larger_grid_are_resampled_to_the_input(tmp_path):
+    # Kaiko ViT-L/14: a 37×37 pos_embed (img_size 518) fed 224 px patches with dynamic_img_size.
+    spec = _row(timm_model="vit_small_patch14_reg4_dinov2", num_prefix_tokens=5,
+                timm_kwargs={"img_size": 518, "embed_dim": 32, "depth": 2, "num_heads": 2, "dynamic_img_size": True})
+    torch.manual_seed(2)
+    original = build_timm_module(spec)
+    assert original.pos_embed.shape[1] == 37 * 37
+    (tmp_path / spec.slug).mkdir()
+    save_file(original.state_dict(), tmp_path / spec.slug / "model.safetensors")
+    encoder = load_encoder(spec, weights_dir=tmp_path)
+    cls, grid = encoder.forward_tokens(_images())
+    assert grid.shape == (2, 16, 16, 32)
+    torch.testing.assert_close(grid, _tokens(original, spec, _images())[:, 5:].reshape(2, 16, 16, 32))
+    blank = np.full((1, 224, 224, 3), 128, dtype=np.uint8)
+    dotted = blank.copy()
+    dotted[0, 3 * 14 + 6:3 * 14 + 9, 11 * 14 + 6:11 * 14 + 9] = 255  # inside token (3, 11)
+    change = (encoder.forward_tokens(dotted)[1] - encoder.forward_tokens(blank)[1]).norm(dim=-1)[0]
+    assert divmod(int(change.argmax()), 16) == (3, 11)
+
+
+def test_img_size_may_differ_from_the_input_only_where_position_embeddings_are_resampled():
+    with pytest.raises(ValueError, match="timm_kwargs.img_size = 518 disagrees with input_size = 224"):
+        _row(timm_kwargs={"img_size": 518, "embed_dim": 32, "depth": 2, "num_heads": 2})
+
+
+def _hub_snapshot(cache, spec, state, config):
+    repo = cache / ("models--" + spec.hub_repo.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    save_file(state, snapshot / "model.safetensors")
+    (snapshot / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("source", ["hub-config", "model-card"])
+def test_a_row_following_the_model_card_is_not_held_to_the_hub_configs_mean_std(tmp_path, source):
+    spec = _row(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5], mean_std_source=source)
+    _hub_snapshot(tmp_path / "hub", spec, build_timm_module(spec).state_dict(), {
+        "architecture": "vit_small_patch14_dinov2", "model_args": {"depth": 2},
+        "pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}})
+    if source == "hub-config":
+        with pytest.raises(EncoderLoadError, match=r"pretrained_cfg\.mean \[0\.485, 0\.456, 0\.406\] vs mean"):
+            load_encoder(spec, weights_dir=tmp_path / "none", hf_cache_dir=tmp_path / "hub")
+    else:
+        assert load_encoder(spec, weights_dir=tmp_path / "none", hf_cache_dir=tmp_path / "hub").revision == COMMIT
+
+
+def test_a_wrong_mlp_ratio_is_named_by_the_strict_load(tmp_path):
+    # H0-mini's mlp_ratio (5.33334) is confirmed only by its checkpoint: the error must say which field.
+    spec = _row(timm_kwargs={"img_size": 224, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 1e-5,
+                             "mlp_ratio": 4.0})
+    (tmp_path / spec.slug).mkdir()
+    other = _row(timm_kwargs=spec.timm_kwargs | {"mlp_ratio": 5.0})
+    save_file(build_timm_module(other).state_dict(), tmp_path / spec.slug / "model.safetensors")
+    with pytest.raises(EncoderLoadError, match=r"misshapen.*mlp\.fc1\.weight \(160, 32\) vs \(128, 32\).*mlp_ratio"):
+        load_encoder(spec, weights_dir=tmp_path)
