@@ -129,6 +129,20 @@ def _plan(args: argparse.Namespace) -> None:
     print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 
+def _encoders(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages.encoders import run_check, run_list
+
+    params = load_params(args.params)
+    if args.action == "list":
+        print(run_list(params))
+    elif not args.name:
+        raise CellPathError("encoders check: name the encoder to check (a registry slug or name; "
+                            "`cellpath encoders list` shows them)")
+    else:
+        print(run_check(params, args.name, Path(args.weights) if args.weights else None))
+
+
 STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
     "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
@@ -141,6 +155,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "validate": (_validate, "check params.yaml and what it points to (encoders, weights, references, CellViT++ "
                             "outputs, URLs, panel sizes); list every problem at once"),
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
+    "encoders": (_encoders, "list the registry's encoders and their weights, or check one: build it, load its weights "
+                            "strictly, run a synthetic tile"),
 }
 
 
@@ -152,12 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
         stage = sub.add_parser(name, help=help_text, description=help_text)
         stage.add_argument("--params", default="params.yaml", help="parameter file (default: params.yaml)")
         stage.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="data folder (default: %(default)s)")
-        stage.add_argument("--reports-dir", default=str(DEFAULT_REPORTS_DIR), help="reports folder (default: %(default)s)")
+        stage.add_argument("--reports-dir", default=str(DEFAULT_REPORTS_DIR),
+                           help="reports folder (default: %(default)s)")
         if name == "extract":
             stage.add_argument("--encoder", help="registry slug or name (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
         if name == "validate":
             stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")
+        if name == "encoders":
+            stage.add_argument("action", choices=["list", "check"])
+            stage.add_argument("name", nargs="?", help="check: the registry slug or name")
+            stage.add_argument("--weights", help="check: a checkpoint file, or a folder holding one, to use instead "
+                                                 "of models/<slug>/ and the Hugging Face cache")
         if name == "plan":
             stage.add_argument("--preset", choices=["current", "paper"], default="current",
                                help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds")

@@ -3,8 +3,8 @@
 For the current params, or the paper's configuration (``--preset paper``): sections and cells,
 patches and feature bytes per encoder and magnification, probe runs per protocol, and time
 estimates from measured per-unit costs. Every number says where it came from: the data folder
-(feature sidecars, ``probing.plan_runs`` on the panel's cells), the params (``run_plan.count_runs``
-where no data exists) or a measurement file; a cost with no measurement is reported as missing,
+(feature sidecars, ``probing.plan.plan_runs`` on the panel's cells), the params
+(``probing.plan.count_runs`` where no data exists) or a measurement file; a cost with no measurement is reported as missing,
 never guessed. The paper preset's run count is derived (``count_runs`` on the 25 sections of the
 manifest) and compared with the paper's Table 3.
 """

@@ -21,8 +21,8 @@ COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 def _row(**overrides) -> EncoderSpec:
     """A 2-block DINOv2-style ViT/14 at 224 px (16×16 grid), width 32."""
     row = {
-        "name": "tiny-dinov2", "type": "PV", "architecture": "ViT-tiny/14", "hub_id": "hf-hub:cellpath-test/tiny-dinov2",
-        "revision": "main", "loader": "timm", "timm_model": "vit_small_patch14_dinov2",
+        "name": "tiny-dinov2", "type": "PV", "architecture": "ViT-tiny/14",
+        "hub_id": "hf-hub:cellpath-test/tiny-dinov2", "revision": "main", "loader": "timm", "timm_model": "vit_small_patch14_dinov2",
         "timm_kwargs": {"img_size": 224, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 1e-5},
         "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_size": 224, "patch_size": 14,
         "num_prefix_tokens": 1, "has_cls": True, "embed_dim": 32, "native_mpp": None, "pretrain_magnification": None,

@@ -112,7 +112,8 @@ def test_a_bright_dot_lights_the_token_under_it(family, cell):
     blank = np.full((1, 224, 224, 3), 128, dtype=np.uint8)
     dotted = blank.copy()
     r, c = cell
-    dotted[0, r * p + p // 2 - 1:r * p + p // 2 + 2, c * p + p // 2 - 1:c * p + p // 2 + 2] = 255  # 3×3 px in token (r, c)
+    centre_r, centre_c = r * p + p // 2, c * p + p // 2
+    dotted[0, centre_r - 1:centre_r + 2, centre_c - 1:centre_c + 2] = 255  # 3×3 px inside token (r, c)
     _, before = encoder.forward_tokens(blank)
     _, after = encoder.forward_tokens(dotted)
     change = (after - before).norm(dim=-1)[0]

@@ -91,9 +91,10 @@ class Encoder:
 
 
 def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), device: str | torch.device = "cpu",
-                 hf_cache_dir: Path | None = None) -> Encoder:
+                 hf_cache_dir: Path | None = None, weights_path: Path | None = None) -> Encoder:
     """Build ``spec``'s encoder on ``device`` with its weights (see the module docstring for where
-    they are looked up; ``hf_cache_dir`` defaults to the Hugging Face hub cache)."""
+    they are looked up; ``hf_cache_dir`` defaults to the Hugging Face hub cache; ``weights_path``, a
+    checkpoint file or a folder holding one, is used instead of looking)."""
     device = torch.device(device)
     if spec.loader.startswith("custom:"):
         raise EncoderUnavailable(
@@ -109,11 +110,13 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         weights = f"random initialisation (seed {spec.init_seed})"
         revision = f"init_seed={spec.init_seed};torch={torch.__version__};timm={timm.__version__}"
     elif spec.loader == "transformers":
-        found = find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        found = given_weights(spec, weights_path) if weights_path else \
+            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
         module = build_transformers_module(spec, found.path.parent, found.path)
         weights, revision = str(found.path), found.revision
     else:
-        found = find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        found = given_weights(spec, weights_path) if weights_path else \
+            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
         if found.origin == "hf-cache":
             check_hub_config(spec, found.path.parent / "config.json")
         with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
@@ -136,6 +139,24 @@ def build_timm_module(spec: EncoderSpec) -> nn.Module:
             f"{spec.name}: timm cannot build {spec.timm_model!r} with timm_kwargs {spec.timm_kwargs} ({exc}); "
             "fix this row in models/encoders.yaml"
         ) from None
+
+
+def given_weights(spec: EncoderSpec, path: Path) -> WeightsFile:
+    """A checkpoint the user names: the file itself, or the row's checkpoint file inside a folder
+    (with its ``config.json`` beside it for a transformers row)."""
+    path = Path(path)
+    if path.is_dir():
+        filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
+        inside = [path / name for name in filenames if (path / name).is_file()]
+        if not inside:
+            raise EncoderUnavailable(f"{spec.name}: {path}/ holds none of {', '.join(filenames)}")
+        path = inside[0]
+    if not path.is_file():
+        raise EncoderUnavailable(f"{spec.name}: no checkpoint at {path}")
+    if spec.loader == "transformers" and not (path.parent / CONFIG_FILENAME).is_file():
+        raise EncoderUnavailable(f"{spec.name}: a transformers checkpoint needs its {CONFIG_FILENAME} beside it "
+                                 f"in {path.parent}/ (save_pretrained writes both)")
+    return WeightsFile(path, "sha256:" + _sha256(path), "local")
 
 
 def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),

@@ -77,7 +77,8 @@ def build_transformers_module(spec: EncoderSpec, folder: Path, source: Path) -> 
         model, info = model_class.from_pretrained(folder, config=config, local_files_only=True,
                                                   output_loading_info=True, **spec.transformers_kwargs)
     except (OSError, ValueError, RuntimeError) as exc:
-        raise EncoderLoadError(f"{spec.name}: transformers cannot load {source} ({type(exc).__name__}: {exc})") from None
+        raise EncoderLoadError(
+            f"{spec.name}: transformers cannot load {source} ({type(exc).__name__}: {exc})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     dropped = tuple(spec.checkpoint.drop)
