@@ -22,7 +22,8 @@ def _row(**overrides) -> EncoderSpec:
     """A 2-block DINOv2-style ViT/14 at 224 px (16×16 grid), width 32."""
     row = {
         "name": "tiny-dinov2", "type": "PV", "architecture": "ViT-tiny/14",
-        "hub_id": "hf-hub:cellpath-test/tiny-dinov2", "revision": "main", "loader": "timm", "timm_model": "vit_small_patch14_dinov2",
+        "hub_id": "hf-hub:cellpath-test/tiny-dinov2", "revision": "main", "loader": "timm",
+        "timm_model": "vit_small_patch14_dinov2",
         "timm_kwargs": {"img_size": 224, "embed_dim": 32, "depth": 2, "num_heads": 2, "init_values": 1e-5},
         "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "input_size": 224, "patch_size": 14,
         "num_prefix_tokens": 1, "has_cls": True, "embed_dim": 32, "native_mpp": None, "pretrain_magnification": None,
@@ -149,3 +150,49 @@ def test_a_wrong_mlp_ratio_is_named_by_the_strict_load(tmp_path):
     save_file(build_timm_module(other).state_dict(), tmp_path / spec.slug / "model.safetensors")
     with pytest.raises(EncoderLoadError, match=r"misshapen.*mlp\.fc1\.weight \(160, 32\) vs \(128, 32\).*mlp_ratio"):
         load_encoder(spec, weights_dir=tmp_path)
+
+
+def test_conch_rows_read_the_trunk_of_their_checkpoints_at_448_px():
+    registry = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")
+    conch, conch15 = registry["CONCH"], registry["CONCH v1.5"]
+    assert (conch.input_size, conch.paper_input_size, conch.checkpoint.keep_prefix) == (448, 224, "visual.trunk.")
+    assert (conch15.input_size, conch15.paper_input_size, conch15.checkpoint.filename) == (
+        448, 512, "pytorch_model_vision.bin")
+    assert build_timm_module(conch).pos_embed.shape == (1, 1 + 28 * 28, 768)
+
+
+def test_a_trunk_under_a_prefix_loads_with_its_towers_left_out(tmp_path):
+    # CONCH: a whole CoCa checkpoint; the encoder is the timm trunk under visual.trunk.
+    spec = _row(checkpoint={"keep_prefix": "visual.trunk."})
+    torch.manual_seed(4)
+    trunk = build_timm_module(spec)
+    coca = {f"visual.trunk.{k}": v for k, v in trunk.state_dict().items()} | {
+        "visual.attn_pool_contrast.attn.in_proj_weight": torch.zeros(96, 32), "text.token_embedding.weight":
+        torch.zeros(10, 32), "logit_scale": torch.zeros(())}
+    (tmp_path / spec.slug).mkdir()
+    torch.save(coca, tmp_path / spec.slug / "pytorch_model.bin")
+    grid = load_encoder(spec, weights_dir=tmp_path).forward_tokens(_images())[1]
+    torch.testing.assert_close(grid, _tokens(trunk, spec, _images())[:, 1:].reshape(2, 16, 16, 32))
+    torch.save({"trunk.cls_token": torch.zeros(1, 1, 32)}, tmp_path / spec.slug / "pytorch_model.bin")
+    with pytest.raises(EncoderLoadError, match=r"no key under 'visual\.trunk\.'.*first keys: trunk\.cls_token"):
+        load_encoder(spec, weights_dir=tmp_path)
+
+
+def test_position_embeddings_of_another_grid_are_resampled_before_the_strict_load(tmp_path):
+    # CONCH v1.5: the checkpoint's pos_embed is resampled to the model's grid, bilinearly, then loaded.
+    import timm
+
+    spec = _row(checkpoint={"keep_prefix": "trunk.", "resample_pos_embed": True},
+                timm_kwargs={"img_size": 224, "embed_dim": 32, "depth": 2, "num_heads": 2, "dynamic_img_size": True})
+    torch.manual_seed(5)
+    larger = build_timm_module(_row(timm_kwargs=spec.timm_kwargs | {"img_size": 448}))  # a 32x32 grid
+    state = larger.state_dict()
+    (tmp_path / spec.slug).mkdir()
+    torch.save({f"trunk.{k}": v for k, v in state.items()}, tmp_path / spec.slug / "pytorch_model.bin")
+    encoder = load_encoder(spec, weights_dir=tmp_path)
+    expected = timm.layers.resample_abs_pos_embed(state["pos_embed"], new_size=(16, 16), num_prefix_tokens=1,
+                                                  interpolation="bilinear", antialias=False)
+    torch.testing.assert_close(encoder.module.pos_embed.detach(), expected)
+    without = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"resample_pos_embed": False})})
+    with pytest.raises(EncoderLoadError, match=r"pos_embed \(1, 1025, 32\) vs \(1, 257, 32\).*img_size"):
+        load_encoder(without, weights_dir=tmp_path)

@@ -121,7 +121,10 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
             check_hub_config(spec, found.path.parent / "config.json")
         with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
             module = build_timm_module(spec)
-        load_weights_strict(module, read_state_dict(found.path, spec), spec, found.path)
+        state = read_state_dict(found.path, spec)
+        if spec.checkpoint.resample_pos_embed:
+            state = resample_position_embeddings(module, state)
+        load_weights_strict(module, state, spec, found.path)
         weights, revision = str(found.path), found.revision
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
@@ -210,8 +213,25 @@ def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not _flat(state):
         raise EncoderLoadError(f"{spec.name}: checkpoint {path} is not a flat state dict of tensors "
                                "(save model.state_dict() itself, or name its entry in checkpoint.state_dict_key)")
+    prefix = spec.checkpoint.keep_prefix
+    if prefix is not None:
+        if not any(k.startswith(prefix) for k in state):
+            raise EncoderLoadError(f"{spec.name}: checkpoint {path} has no key under {prefix!r} "
+                                   f"(checkpoint.keep_prefix); its first keys: {', '.join(list(state)[:5])}")
+        state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
     dropped = tuple(spec.checkpoint.drop)
     return {k: v for k, v in state.items() if not k.startswith(dropped)} if dropped else state
+
+
+def resample_position_embeddings(module: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's ``pos_embed`` resampled (bilinear) to ``module``'s patch grid, prefix entries kept."""
+    if "pos_embed" not in state or state["pos_embed"].shape == module.pos_embed.shape:
+        return state
+    prefix = 0 if getattr(module, "no_embed_class", False) else module.num_prefix_tokens
+    resampled = timm.layers.resample_abs_pos_embed(state["pos_embed"], new_size=module.patch_embed.grid_size,
+                                                    num_prefix_tokens=prefix, interpolation="bilinear",
+                                                    antialias=False, verbose=False)
+    return state | {"pos_embed": resampled}
 
 
 def _flat(state: dict) -> bool:

@@ -51,14 +51,19 @@ class CheckpointSpec(BaseModel):
     ``filename``: the file's name in the hub repo and in ``models/<slug>/`` when it is not
     ``model.safetensors`` / ``pytorch_model.bin`` (e.g. GPFM's ``GPFM.pth``); ``state_dict_key``: the
     key holding the state dict when the file wraps it in a dict (a file that is already flat is read
-    as is); ``drop``: keys (exact, or prefixes ending in ".") of other heads or towers, left out
-    (e.g. a CLIP checkpoint's text tower); every other key must load."""
+    as is); ``keep_prefix``: the encoder's keys sit under this prefix (CONCH's ``visual.trunk.``):
+    only they are kept, the prefix stripped; ``drop``: keys (exact, or prefixes ending in ".") of
+    other heads or towers, left out (e.g. a CLIP checkpoint's text tower); every other key must load.
+    ``resample_pos_embed``: resample the checkpoint's position embeddings to the built model's grid
+    before the strict load (bilinear, as CONCH v1.5's reference loader does)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     filename: Annotated[str, Field(pattern=r"^[\w.-]+\.(safetensors|bin|pth|pt)$")] | None = None
     state_dict_key: str | None = None
+    keep_prefix: str | None = None
     drop: tuple[str, ...] = ()
+    resample_pos_embed: bool = False
 
 
 class EncoderSpec(BaseModel):
@@ -93,6 +98,8 @@ class EncoderSpec(BaseModel):
     native_mpp: PositiveFloat | None
     pretrain_magnification: str | None
     precision: Literal["fp16", "bf16", "fp32"]
+    #: Table 6's input size where the row departs from it (the reason is in ``notes``).
+    paper_input_size: PositiveInt | None = None
     params: str | None
     pretrain_wsi_equivalent: str | None
     notes: str = ""
@@ -121,6 +128,8 @@ class EncoderSpec(BaseModel):
             raise ValueError("init_seed must be given exactly for loader offline:random-vit")
         if self.loader in ("timm", "transformers") and self.hub_id is None:
             raise ValueError(f"a {self.loader} row needs a hub_id (weights may also come from models/<slug>/)")
+        if self.paper_input_size == self.input_size:
+            raise ValueError("paper_input_size is only given where the row departs from Table 6's input size")
         resized = self.timm_kwargs.get("dynamic_img_size") is True  # position embeddings resampled to the input
         for key, expected in (("img_size", self.input_size), ("patch_size", self.patch_size),
                               ("embed_dim", self.embed_dim)):
