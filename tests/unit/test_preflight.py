@@ -67,11 +67,11 @@ def test_a_registry_name_gets_its_slug_and_a_typo_the_closest_slug(project):
 
 
 def test_hub_encoder_needs_weights_and_custom_loaders_an_adapter(project):
-    params = _tiny(extract={"encoders": ["uni", "conch"]})
+    params = _tiny(extract={"encoders": ["uni", "musk"]})
     problems = _messages(check_params(params, project, Path("data")))
     assert len(problems) == 2, problems
     assert "'uni'" in problems[0] and "UNI: no weights found" in problems[0] and str(project / "models" / "uni") in problems[0]
-    assert "'conch'" in problems[1] and "no loader for 'custom:conch'" in problems[1]
+    assert "'musk'" in problems[1] and "no loader for 'custom:musk'" in problems[1]
     (project / "models" / "uni").mkdir()
     (project / "models" / "uni" / "model.safetensors").write_bytes(b"weights")
     assert len(check_params(params, project, Path("data"))) == 1  # found: only the adapter remains

@@ -251,9 +251,9 @@ def test_hub_config_disagreeing_with_the_row_is_an_error(tmp_path):
 
 
 def test_custom_loader_is_unavailable_with_what_it_needs(registry):
-    expected = r"CTransPath \(CHIEF\): cellpath has no loader for 'custom:ctranspath'.*checkpoint"
+    expected = r"MUSK: cellpath has no loader for 'custom:musk'.*musk package"
     with pytest.raises(EncoderUnavailable, match=expected):
-        load_encoder(registry["CTransPath (CHIEF)"])
+        load_encoder(registry["MUSK"])
 
 
 def test_paper_model_without_weights_is_unavailable(registry, tmp_path):

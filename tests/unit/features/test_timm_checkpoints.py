@@ -196,3 +196,48 @@ def test_position_embeddings_of_another_grid_are_resampled_before_the_strict_loa
     without = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"resample_pos_embed": False})})
     with pytest.raises(EncoderLoadError, match=r"pos_embed \(1, 1025, 32\) vs \(1, 257, 32\).*img_size"):
         load_encoder(without, weights_dir=tmp_path)
+
+
+def _old_timm_swin_layout(state: dict) -> dict:
+    """A timm ≥ 0.9 Swin state dict in the layout of timm 0.5 (CTransPath's): each stage's downsample
+    at the end of the stage before, the relative-position index and attention masks stored."""
+    import re
+
+    old = {re.sub(r"layers\.(\d+)\.downsample", lambda m: f"layers.{int(m.group(1)) - 1}.downsample", k): v
+           for k, v in state.items()}
+    old |= {"layers.0.blocks.1.attn_mask": torch.zeros(64, 49, 49),
+            "layers.0.blocks.0.attn.relative_position_index": torch.zeros(49, 49, dtype=torch.long),
+            "head.weight": torch.zeros(1000, 768), "head.bias": torch.zeros(1000)}
+    return old
+
+
+def test_ctranspath_loads_chiefs_checkpoint_in_the_old_timm_layout_from_a_dataset_repo(tmp_path):
+    spec = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["CTransPath (CHIEF)"]
+    assert (spec.hub_repo, spec.checkpoint.repo_type) == ("MahmoodLab/hest-bench", "dataset")
+    torch.manual_seed(6)
+    original = build_timm_module(spec)
+    torch.nn.init.normal_(original.patch_embed.proj[1].running_mean)  # BatchNorm statistics must load too
+    # the HF cache layout of a dataset repo file in a subfolder: datasets--org--name/snapshots/<commit>/fm_v1/...
+    repo = tmp_path / "hub" / "datasets--MahmoodLab--hest-bench"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    target = repo / "snapshots" / COMMIT / "fm_v1" / "ctranspath" / "CHIEF_CTransPath.pth"
+    target.parent.mkdir(parents=True)
+    torch.save({"model": _old_timm_swin_layout(original.state_dict())}, target)
+    encoder = load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hub")
+    assert encoder.revision == COMMIT
+    cls, grid = encoder.forward_tokens(_images())
+    assert cls is None and grid.shape == (2, 7, 7, 768)
+    torch.testing.assert_close(grid, _tokens(original, spec, _images()))
+    blank = np.full((1, 224, 224, 3), 128, dtype=np.uint8)
+    dotted = blank.copy()
+    dotted[0, 2 * 32 + 12:2 * 32 + 20, 5 * 32 + 12:5 * 32 + 20] = 255  # inside token (2, 5)
+    change = (encoder.forward_tokens(dotted)[1] - encoder.forward_tokens(blank)[1]).norm(dim=-1)[0]
+    assert divmod(int(change.argmax()), 7) == (2, 5)
+
+
+def test_without_ctranspaths_file_the_message_says_how_to_download_it(tmp_path):
+    spec = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")["CTransPath (CHIEF)"]
+    with pytest.raises(EncoderUnavailable, match=r"hf download MahmoodLab/hest-bench fm_v1/ctranspath/CHIEF_CTransPath"
+                                                 r"\.pth --repo-type dataset.*as CHIEF_CTransPath\.pth"):
+        load_encoder(spec, weights_dir=tmp_path, hf_cache_dir=tmp_path / "hub")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from huggingface_hub import try_to_load_from_cache
 from torch import nn
 
 from cellpath.errors import EncoderLoadError, EncoderUnavailable
+from cellpath.features.encoders.convstem import ConvStem
 from cellpath.features.encoders.filterbank import FilterBankEncoder
 from cellpath.features.encoders.registry import EncoderSpec
 from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
@@ -36,6 +38,7 @@ TIMM_LAYERS: dict[str, type[nn.Module]] = {
     "SwiGLUPacked": timm.layers.SwiGLUPacked,
     "GELU": nn.GELU,
     "SiLU": nn.SiLU,
+    "ConvStem": ConvStem,
 }
 #: A timm key (part) → the row field that shapes it: named when a strict load fails on that key.
 TIMM_KEY_FIELDS = {
@@ -124,6 +127,8 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         state = read_state_dict(found.path, spec)
         if spec.checkpoint.resample_pos_embed:
             state = resample_position_embeddings(module, state)
+        if spec.checkpoint.timm_filter:
+            state = sys.modules[type(module).__module__].checkpoint_filter_fn(state, module)
         load_weights_strict(module, state, spec, found.path)
         weights, revision = str(found.path), found.revision
     check_module(spec, module)
@@ -133,7 +138,7 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
 
 def build_timm_module(spec: EncoderSpec) -> nn.Module:
     """The row's timm architecture, randomly initialised (``pretrained=False``: no download)."""
-    kwargs = {key: TIMM_LAYERS[value] if key in ("mlp_layer", "act_layer") else value
+    kwargs = {key: TIMM_LAYERS[value] if key in ("mlp_layer", "act_layer", "embed_layer") else value
               for key, value in spec.timm_kwargs.items()}
     try:
         return timm.create_model(spec.timm_model, pretrained=False, **kwargs)
@@ -150,7 +155,7 @@ def given_weights(spec: EncoderSpec, path: Path) -> WeightsFile:
     path = Path(path)
     if path.is_dir():
         filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
-        inside = [path / name for name in filenames if (path / name).is_file()]
+        inside = [path / Path(name).name for name in filenames if (path / Path(name).name).is_file()]
         if not inside:
             raise EncoderUnavailable(f"{spec.name}: {path}/ holds none of {', '.join(filenames)}")
         path = inside[0]
@@ -171,24 +176,27 @@ def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
     needs_config = spec.loader == "transformers"
     filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
     for filename in filenames:
-        path = local_dir / filename
+        path = local_dir / Path(filename).name
         if path.is_file() and (not needs_config or (local_dir / CONFIG_FILENAME).is_file()):
             return WeightsFile(path, "sha256:" + _sha256(path), "local")
     cache_dir = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
     for filename in filenames:
-        cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision)
+        cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision,
+                                        repo_type=spec.checkpoint.repo_type)
         if isinstance(cached, str) and (not needs_config or (Path(cached).parent / CONFIG_FILENAME).is_file()):
-            return WeightsFile(Path(cached), Path(cached).parent.name, "hf-cache")
+            return WeightsFile(Path(cached), _snapshot_commit(Path(cached)), "hf-cache")
     names = " or ".join(filenames) + (f", with its {CONFIG_FILENAME}," if needs_config else "")
+    download_args = "".join([f" {spec.checkpoint.filename}" if spec.checkpoint.filename else "",
+                             " --repo-type dataset" if spec.checkpoint.repo_type == "dataset" else ""])
     architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
         else f"timm {spec.timm_model} state dict"
     raise EncoderUnavailable(
         f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
         f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
-        f"`hf download {spec.hub_repo} --revision {spec.revision}` (older huggingface_hub: "
+        f"`hf download {spec.hub_repo}{download_args} --revision {spec.revision}` (older huggingface_hub: "
         f"`huggingface-cli download`) on a machine with hub access, gated repos after accepting their "
         f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a {architecture} "
-        f"into {local_dir}/ as {names}."
+        f"into {local_dir}/ as {' or '.join(Path(name).name for name in filenames)}."
     )
 
 
@@ -283,7 +291,8 @@ def check_hub_config(spec: EncoderSpec, config_path: Path) -> None:
 def check_module(spec: EncoderSpec, module: nn.Module) -> None:
     """The built module's prefix-token count and token width must match the row."""
     for attribute, field in (("num_prefix_tokens", "num_prefix_tokens"), ("num_features", "embed_dim")):
-        value = getattr(module, attribute, None)
+        # a module without the attribute has no prefix tokens (Swin: a feature map, no CLS)
+        value = getattr(module, attribute, 0 if attribute == "num_prefix_tokens" else None)
         if value != getattr(spec, field):
             raise EncoderLoadError(
                 f"{spec.name}: the built module has {attribute} = {value}, the registry row says "
@@ -314,8 +323,11 @@ def images_to_tensor(images: np.ndarray | torch.Tensor, spec: EncoderSpec, devic
 def split_tokens(spec: EncoderSpec, tokens: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(B, prefix + H·W, D) tokens → (CLS (B, D) or None, grid (B, H, W, D)); H = W = spec.grid_size.
 
-    The prefix (CLS first, then registers, as timm orders them) is dropped from the grid.
+    The prefix (CLS first, then registers, as timm orders them) is dropped from the grid. A feature
+    map in NHWC (B, H, W, D) — what timm's Swin returns — is read as its H·W tokens in row-major order.
     """
+    if tokens.ndim == 4:
+        tokens = tokens.flatten(1, 2)
     side, prefix = spec.grid_size, spec.num_prefix_tokens
     if tokens.ndim != 3 or tokens.shape[1] != prefix + side * side or tokens.shape[2] != spec.embed_dim:
         raise EncoderLoadError(
@@ -326,6 +338,12 @@ def split_tokens(spec: EncoderSpec, tokens: torch.Tensor) -> tuple[torch.Tensor 
     cls = tokens[:, 0] if spec.has_cls else None
     grid = tokens[:, prefix:].reshape(tokens.shape[0], side, side, spec.embed_dim)
     return cls, grid
+
+
+def _snapshot_commit(path: Path) -> str:
+    """The commit of the HF cache snapshot a file lies in (``…/snapshots/<commit>/[sub/folders/]file``)."""
+    parts = path.parts
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts else path.parent.name
 
 
 def _sha256(path: Path) -> str:

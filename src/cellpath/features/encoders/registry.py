@@ -21,8 +21,8 @@ from cellpath.errors import ConfigError
 DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 
 # Class names the loader resolves for the timm kwargs ``mlp_layer`` and ``act_layer``.
-TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU")
-_LAYER_KWARGS = ("mlp_layer", "act_layer")
+TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU", "ConvStem")
+_LAYER_KWARGS = ("mlp_layer", "act_layer", "embed_layer")
 
 LOADER_PATTERN = r"^(timm|transformers|custom:[a-z0-9][a-z0-9.-]*|offline:(random-vit|filterbank))$"
 #: transformers model classes a ``transformers`` row can name (vision backbones returning last_hidden_state).
@@ -55,15 +55,21 @@ class CheckpointSpec(BaseModel):
     only they are kept, the prefix stripped; ``drop``: keys (exact, or prefixes ending in ".") of
     other heads or towers, left out (e.g. a CLIP checkpoint's text tower); every other key must load.
     ``resample_pos_embed``: resample the checkpoint's position embeddings to the built model's grid
-    before the strict load (bilinear, as CONCH v1.5's reference loader does)."""
+    before the strict load (bilinear, as CONCH v1.5's reference loader does). ``filename`` may be a
+    path inside the hub repo (``models/<slug>/`` holds its last part); ``repo_type`` is ``dataset``
+    for a file kept in a dataset repo (CTransPath's in MahmoodLab/hest-bench). ``timm_filter``:
+    pass the state dict through the architecture's own timm ``checkpoint_filter_fn``, which converts
+    checkpoints of older timm layouts (e.g. Swin's downsample moved to the next stage)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    filename: Annotated[str, Field(pattern=r"^[\w.-]+\.(safetensors|bin|pth|pt)$")] | None = None
+    filename: Annotated[str, Field(pattern=r"^([\w.-]+/)*[\w.-]+\.(safetensors|bin|pth|pt)$")] | None = None
+    repo_type: Literal["model", "dataset"] = "model"
     state_dict_key: str | None = None
     keep_prefix: str | None = None
     drop: tuple[str, ...] = ()
     resample_pos_embed: bool = False
+    timm_filter: bool = False
 
 
 class EncoderSpec(BaseModel):
