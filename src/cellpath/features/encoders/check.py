@@ -90,6 +90,8 @@ def weights_status(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
         return "built in (no download)"
     if spec.loader.startswith("custom:"):
         return f"no loader ({spec.loader}): needs {spec.requires}"
+    if spec.loader.startswith("entry-point:") and spec.hub_id is None:
+        return f"brought by the package of {spec.loader}"
     try:
         return str(find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir).path)
     except CellPathError:

@@ -25,10 +25,10 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub import try_to_load_from_cache
 from torch import nn
 
-from cellpath.errors import EncoderLoadError, EncoderUnavailable
+from cellpath.errors import CellPathError, EncoderLoadError, EncoderUnavailable
 from cellpath.features.encoders.convstem import ConvStem
 from cellpath.features.encoders.filterbank import FilterBankEncoder
-from cellpath.features.encoders.registry import EncoderSpec
+from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
 from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
 
 CHECKPOINT_FILENAMES = ("model.safetensors", "pytorch_model.bin")
@@ -112,6 +112,8 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
             module = build_timm_module(spec)
         weights = f"random initialisation (seed {spec.init_seed})"
         revision = f"init_seed={spec.init_seed};torch={torch.__version__};timm={timm.__version__}"
+    elif spec.loader.startswith("entry-point:"):
+        module, weights, revision = build_entry_point_module(spec, weights_path, weights_dir, hf_cache_dir)
     elif spec.loader == "transformers":
         found = given_weights(spec, weights_path) if weights_path else \
             find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
@@ -134,6 +136,37 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
     return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
+
+
+def build_entry_point_module(spec: EncoderSpec, weights_path: Path | None, weights_dir: Path,
+                             hf_cache_dir: Path | None) -> tuple[nn.Module, str, str]:
+    """An encoder a package provides: the entry point ``<name>`` of group ``cellpath.encoders`` is a
+    callable ``build(spec, weights) -> nn.Module`` whose ``forward_features(pixels)`` returns the
+    tokens as timm's do; ``weights`` is the checkpoint found for the row (``None`` for a row without
+    a hub_id, whose package brings its own), and the revision records it or the package's version."""
+    from importlib.metadata import entry_points
+
+    name = spec.loader.removeprefix("entry-point:")
+    found = [point for point in entry_points(group=ENTRY_POINT_GROUP) if point.name == name]
+    if not found:
+        raise EncoderUnavailable(f"{spec.name}: no installed package provides the entry point {name!r} in group "
+                                 f"{ENTRY_POINT_GROUP!r}; install the package that defines it")
+    point = found[0]
+    weights = None
+    if weights_path is not None or spec.hub_id is not None:
+        weights = given_weights(spec, weights_path) if weights_path else \
+            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+    try:
+        module = point.load()(spec, None if weights is None else weights.path)
+    except CellPathError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a third-party builder's failure, named with its entry point
+        raise EncoderLoadError(f"{spec.name}: the entry point {point.value} failed ({type(exc).__name__}: {exc})") \
+            from None
+    package = f"{point.dist.name}=={point.dist.version}" if point.dist is not None else point.value
+    if weights is None:
+        return module, f"built by {point.value}", package
+    return module, str(weights.path), f"{weights.revision};{package}"
 
 
 def build_timm_module(spec: EncoderSpec) -> nn.Module:

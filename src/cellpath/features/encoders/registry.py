@@ -24,7 +24,10 @@ DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU", "ConvStem")
 _LAYER_KWARGS = ("mlp_layer", "act_layer", "embed_layer")
 
-LOADER_PATTERN = r"^(timm|transformers|custom:[a-z0-9][a-z0-9.-]*|offline:(random-vit|filterbank))$"
+LOADER_PATTERN = (r"^(timm|transformers|entry-point:[A-Za-z0-9_.-]+|custom:[a-z0-9][a-z0-9.-]*"
+                  r"|offline:(random-vit|filterbank))$")
+#: The entry-point group a package registers its own encoders in (``loader: entry-point:<name>``).
+ENTRY_POINT_GROUP = "cellpath.encoders"
 #: transformers model classes a ``transformers`` row can name (vision backbones returning last_hidden_state).
 TransformersClass = Literal["ViTModel", "Dinov2Model", "Dinov2WithRegistersModel", "CLIPVisionModel"]
 HUB_ID_PATTERN = r"^hf-hub:[A-Za-z0-9][\w.-]*/[\w.-]+$"
