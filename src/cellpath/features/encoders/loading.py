@@ -28,6 +28,7 @@ from torch import nn
 from cellpath.errors import CellPathError, EncoderLoadError, EncoderUnavailable
 from cellpath.features.encoders.convstem import ConvStem
 from cellpath.features.encoders.filterbank import FilterBankEncoder
+from cellpath.features.encoders.open_clip_format import build_open_clip_visual
 from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
 from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
 
@@ -118,6 +119,12 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         found = given_weights(spec, weights_path) if weights_path else \
             find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
         module = build_transformers_module(spec, found.path.parent, found.path)
+        weights, revision = str(found.path), found.revision
+    elif spec.loader == "open_clip":
+        found = given_weights(spec, weights_path) if weights_path else \
+            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        module = build_open_clip_visual(spec)
+        load_weights_strict(module.visual, read_state_dict(found.path, spec), spec, found.path)
         weights, revision = str(found.path), found.revision
     else:
         found = given_weights(spec, weights_path) if weights_path else \
@@ -222,7 +229,8 @@ def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
     download_args = "".join([f" {spec.checkpoint.filename}" if spec.checkpoint.filename else "",
                              " --repo-type dataset" if spec.checkpoint.repo_type == "dataset" else ""])
     architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
-        else f"timm {spec.timm_model} state dict"
+        else (f"open_clip {spec.open_clip_model} vision-tower" if spec.open_clip_model else f"timm {spec.timm_model}") \
+        + " state dict"
     raise EncoderUnavailable(
         f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
         f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
@@ -290,8 +298,8 @@ def load_weights_strict(module: nn.Module, state: dict[str, torch.Tensor], spec:
         hints = sorted({field for key in [*missing, *unexpected, *misshapen] for part, field in TIMM_KEY_FIELDS.items()
                         if part in key})
         raise EncoderLoadError(
-            f"{spec.name}: checkpoint {path} does not match timm {spec.timm_model} with the registry's "
-            f"timm_kwargs: {_first(missing, 'missing')}; {_first(unexpected, 'unexpected')}; "
+            f"{spec.name}: checkpoint {path} does not match {_architecture(spec)}: {_first(missing, 'missing')}; "
+            f"{_first(unexpected, 'unexpected')}; "
             f"{_first(misshapen, 'misshapen (checkpoint vs model)')}. "
             + (f"The field(s) these keys are shaped by: {'; '.join(hints)}. " if hints else "")
             + "Fix timm_kwargs in models/encoders.yaml or provide the checkpoint of this model."
@@ -371,6 +379,12 @@ def split_tokens(spec: EncoderSpec, tokens: torch.Tensor) -> tuple[torch.Tensor 
     cls = tokens[:, 0] if spec.has_cls else None
     grid = tokens[:, prefix:].reshape(tokens.shape[0], side, side, spec.embed_dim)
     return cls, grid
+
+
+def _architecture(spec: EncoderSpec) -> str:
+    if spec.open_clip_model:
+        return f"the vision tower of open_clip {spec.open_clip_model}"
+    return f"timm {spec.timm_model} with the registry's timm_kwargs"
 
 
 def _snapshot_commit(path: Path) -> str:

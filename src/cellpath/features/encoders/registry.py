@@ -24,7 +24,7 @@ DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU", "ConvStem")
 _LAYER_KWARGS = ("mlp_layer", "act_layer", "embed_layer")
 
-LOADER_PATTERN = (r"^(timm|transformers|entry-point:[A-Za-z0-9_.-]+|custom:[a-z0-9][a-z0-9.-]*"
+LOADER_PATTERN = (r"^(timm|transformers|open_clip|entry-point:[A-Za-z0-9_.-]+|custom:[a-z0-9][a-z0-9.-]*"
                   r"|offline:(random-vit|filterbank))$")
 #: The entry-point group a package registers its own encoders in (``loader: entry-point:<name>``).
 ENTRY_POINT_GROUP = "cellpath.encoders"
@@ -91,6 +91,7 @@ class EncoderSpec(BaseModel):
     timm_kwargs: dict[str, KwargValue] = Field(default_factory=dict)
     transformers_class: TransformersClass | None = None
     transformers_kwargs: dict[str, KwargValue] = Field(default_factory=dict)
+    open_clip_model: str | None = None
     checkpoint: CheckpointSpec = CheckpointSpec()
     #: Where mean/std come from: the cached hub config (checked against the row when present), or
     #: the model card where the two disagree (the hub config's values are then not compared).
@@ -129,13 +130,16 @@ class EncoderSpec(BaseModel):
             raise ValueError("transformers_class is required for loader 'transformers'"
                              if self.loader == "transformers" else
                              f"transformers_class is only used by the transformers loader, not {self.loader!r}")
+        if (self.loader == "open_clip") != (self.open_clip_model is not None):
+            raise ValueError("open_clip_model is required for loader 'open_clip'" if self.loader == "open_clip"
+                             else f"open_clip_model is only used by the open_clip loader, not {self.loader!r}")
         if self.transformers_kwargs and self.loader != "transformers":
             raise ValueError(f"transformers_kwargs are only used by the transformers loader, not {self.loader!r}")
         if self.loader.startswith("custom:") != (self.requires is not None):
             raise ValueError("requires (what the custom loader needs) must be given exactly for custom: loaders")
         if (self.loader == "offline:random-vit") != (self.init_seed is not None):
             raise ValueError("init_seed must be given exactly for loader offline:random-vit")
-        if self.loader in ("timm", "transformers") and self.hub_id is None:
+        if self.loader in ("timm", "transformers", "open_clip") and self.hub_id is None:
             raise ValueError(f"a {self.loader} row needs a hub_id (weights may also come from models/<slug>/)")
         if self.paper_input_size == self.input_size:
             raise ValueError("paper_input_size is only given where the row departs from Table 6's input size")
