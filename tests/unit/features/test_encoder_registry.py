@@ -20,6 +20,7 @@ from cellpath.features.encoders.loading import (TIMM_LAYERS, EncoderLoadError, E
                                                 split_tokens)
 from cellpath.features.encoders.registry import (TIMM_LAYER_NAMES, EncoderSpec, RegistryError,  # noqa: E402
                                                  load_registry, model_slug)
+from helpers.hub_cache import COMMIT, hub_snapshot
 from helpers.project import PROJECT_ROOT  # noqa: E402
 
 REGISTRY_PATH = PROJECT_ROOT / "models" / "encoders.yaml"
@@ -33,7 +34,6 @@ PAPER_MODELS = [
     "CONCH", "PLIP", "SEAL (UNI2)", "OmiCLIP", "SEAL (CONCH)", "DINOv3 ViT-L/16", "DINOv3 ViT-B/16",
 ]
 OFFLINE_MODELS = ["random-vit-s16", "random-vit-t16", "filterbank-dense"]
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture(scope="module")
@@ -216,12 +216,7 @@ def test_missing_weights_give_one_message_naming_model_and_places(tmp_path):
 
 
 def _fake_hub_snapshot(cache: Path, spec: EncoderSpec, state: dict, config: dict) -> Path:
-    """The on-disk layout huggingface_hub uses: refs/<revision> → snapshots/<commit>/files."""
-    repo = cache / ("models--" + spec.hub_repo.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
+    snapshot = hub_snapshot(cache, spec.hub_repo)
     save_file(state, snapshot / "model.safetensors")
     (snapshot / "config.json").write_text(json.dumps(config))
     return snapshot

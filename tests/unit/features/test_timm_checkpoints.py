@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 from cellpath.features.encoders.loading import (EncoderLoadError, EncoderUnavailable, build_timm_module,
                                                 images_to_tensor, load_encoder)
 from cellpath.features.encoders.registry import EncoderSpec, load_registry
+from helpers.hub_cache import COMMIT, hub_snapshot
 from helpers.project import PROJECT_ROOT
 
-COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 
 
 def _row(**overrides) -> EncoderSpec:
@@ -119,11 +119,7 @@ def test_img_size_may_differ_from_the_input_only_where_position_embeddings_are_r
 
 
 def _hub_snapshot(cache, spec, state, config):
-    repo = cache / ("models--" + spec.hub_repo.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
+    snapshot = hub_snapshot(cache, spec.hub_repo)
     save_file(state, snapshot / "model.safetensors")
     (snapshot / "config.json").write_text(json.dumps(config))
 
@@ -218,10 +214,8 @@ def test_ctranspath_loads_chiefs_checkpoint_in_the_old_timm_layout_from_a_datase
     original = build_timm_module(spec)
     torch.nn.init.normal_(original.patch_embed.proj[1].running_mean)  # BatchNorm statistics must load too
     # the HF cache layout of a dataset repo file in a subfolder: datasets--org--name/snapshots/<commit>/fm_v1/...
-    repo = tmp_path / "hub" / "datasets--MahmoodLab--hest-bench"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    target = repo / "snapshots" / COMMIT / "fm_v1" / "ctranspath" / "CHIEF_CTransPath.pth"
+    snapshot = hub_snapshot(tmp_path / "hub", "MahmoodLab/hest-bench", repo_type="dataset")
+    target = snapshot / "fm_v1" / "ctranspath" / "CHIEF_CTransPath.pth"
     target.parent.mkdir(parents=True)
     torch.save({"model": _old_timm_swin_layout(original.state_dict())}, target)
     encoder = load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hub")
