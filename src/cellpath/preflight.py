@@ -80,7 +80,7 @@ def _close(word: str, choices: list[str]) -> str:
 
 
 def _check_encoders(params: Params, root: Path) -> list[Problem]:
-    from cellpath.features.encoders.loading import EncoderUnavailable, find_weights
+    from cellpath.features.encoders.loading import EncoderUnavailable, find_weights, needs_weights_file
     from cellpath.features.encoders.registry import RegistryError, UnknownEncoder, load_registry, resolve_encoder
 
     cfg = params.extract
@@ -99,7 +99,7 @@ def _check_encoders(params: Params, root: Path) -> list[Problem]:
         if spec.loader.startswith("custom:"):
             problems.append(Problem(where, f"cellpath has no loader for {spec.loader!r} yet; it needs "
                                            f"{spec.requires}. Leave it out of extract.encoders until that adapter exists"))
-        elif not spec.loader.startswith("offline:"):
+        elif needs_weights_file(spec):
             try:
                 find_weights(spec, weights_dir=root / cfg.weights_dir)
             except EncoderUnavailable as exc:

@@ -104,11 +104,11 @@ def _cached_encoder(spec_json: str, weights_dir: Path, device: str):
 
 def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
     """The revision load_encoder records for ``spec``, without loading a hub model's weights here."""
-    from cellpath.features.encoders.loading import find_weights
+    from cellpath.features.encoders.loading import FILE_LOADERS, find_weights
 
-    if spec.loader == "timm":
+    if spec.loader in FILE_LOADERS:  # the checkpoint's revision, as load_encoder records it
         return find_weights(spec, weights_dir=weights_dir).revision
-    return _cached_encoder(spec.model_dump_json(), weights_dir, device).revision  # offline: cheap to build
+    return _cached_encoder(spec.model_dump_json(), weights_dir, device).revision  # offline, entry points
 
 
 def extract_section(out: Path, cfg, weights_dir: Path, spec, slide: Path, slide_mpp: float, placement, expected: dict,

@@ -52,3 +52,10 @@ def test_a_missing_or_failing_entry_point_is_named(installed):
         load_encoder(_row("entry-point:absent"))
     with pytest.raises(EncoderLoadError, match=r"entry point helpers.plugins:build_broken failed.*not compiled"):
         load_encoder(_row("entry-point:broken"))
+
+
+def test_only_rows_whose_checkpoint_cellpath_finds_need_a_weights_file():
+    from cellpath.features.encoders.loading import needs_weights_file
+
+    assert not needs_weights_file(_row("entry-point:tiny-vit"))
+    assert needs_weights_file(_row("entry-point:tiny-vit", hub_id="hf-hub:someone/my-model"))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cellpath.errors import CellPathError
-from cellpath.features.encoders.loading import CHECKPOINT_FILENAMES, find_weights, load_encoder
+from cellpath.features.encoders.loading import CHECKPOINT_FILENAMES, find_weights, load_encoder, needs_weights_file
 from cellpath.features.encoders.registry import EncoderSpec
 
 BACKGROUND_RGB = (226, 196, 216)  # an eosin-pink field
@@ -90,7 +90,7 @@ def weights_status(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
         return "built in (no download)"
     if spec.loader.startswith("custom:"):
         return f"no loader ({spec.loader}): needs {spec.requires}"
-    if spec.loader.startswith("entry-point:") and spec.hub_id is None:
+    if not needs_weights_file(spec):
         return f"brought by the package of {spec.loader}"
     try:
         return str(find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir).path)

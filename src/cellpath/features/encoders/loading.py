@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -52,6 +52,8 @@ TIMM_KEY_FIELDS = {
     ".ls1.": "init_values (LayerScale)",
     "blocks.": "depth",
 }
+#: Loaders whose module cellpath builds and into which it loads a checkpoint file it finds.
+FILE_LOADERS = ("timm", "transformers", "open_clip")
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 
 
@@ -115,34 +117,48 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         revision = f"init_seed={spec.init_seed};torch={torch.__version__};timm={timm.__version__}"
     elif spec.loader.startswith("entry-point:"):
         module, weights, revision = build_entry_point_module(spec, weights_path, weights_dir, hf_cache_dir)
-    elif spec.loader == "transformers":
-        found = given_weights(spec, weights_path) if weights_path else \
-            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
-        module = build_transformers_module(spec, found.path.parent, found.path)
-        weights, revision = str(found.path), found.revision
-    elif spec.loader == "open_clip":
-        found = given_weights(spec, weights_path) if weights_path else \
-            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
-        module = build_open_clip_visual(spec)
-        load_weights_strict(module.visual, read_state_dict(found.path, spec), spec, found.path)
-        weights, revision = str(found.path), found.revision
     else:
-        found = given_weights(spec, weights_path) if weights_path else \
-            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
-        if found.origin == "hf-cache":
-            check_hub_config(spec, found.path.parent / "config.json")
-        with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
-            module = build_timm_module(spec)
-        state = read_state_dict(found.path, spec)
-        if spec.checkpoint.resample_pos_embed:
-            state = resample_position_embeddings(module, state)
-        if spec.checkpoint.timm_filter:
-            state = sys.modules[type(module).__module__].checkpoint_filter_fn(state, module)
-        load_weights_strict(module, state, spec, found.path)
+        found = locate_weights(spec, weights_path, weights_dir, hf_cache_dir)
+        module = _build_with_weights(spec, found, device)
         weights, revision = str(found.path), found.revision
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
     return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
+
+
+def needs_weights_file(spec: EncoderSpec) -> bool:
+    """Whether loading the row reads a checkpoint file cellpath looks for: the file loaders, and an
+    entry-point row with a hub_id (one without brings its own weights)."""
+    return spec.loader in FILE_LOADERS or (spec.loader.startswith("entry-point:") and spec.hub_id is not None)
+
+
+def locate_weights(spec: EncoderSpec, weights_path: Path | None, weights_dir: Path,
+                   hf_cache_dir: Path | None) -> WeightsFile:
+    """The checkpoint the user named (``weights_path``), else the one found in the usual places."""
+    if weights_path is not None:
+        return given_weights(spec, weights_path)
+    return find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+
+
+def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.device) -> nn.Module:
+    """A transformers, open_clip or timm row's module with the checkpoint ``found`` loaded strictly."""
+    if spec.loader == "transformers":
+        return build_transformers_module(spec, found.path.parent, found.path)
+    if spec.loader == "open_clip":
+        module = build_open_clip_visual(spec)
+        load_weights_strict(module.visual, read_state_dict(found.path, spec), spec, found.path)
+        return module
+    if found.origin == "hf-cache":
+        check_hub_config(spec, found.path.parent / "config.json")
+    with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
+        module = build_timm_module(spec)
+    state = read_state_dict(found.path, spec)
+    if spec.checkpoint.resample_pos_embed:
+        state = resample_position_embeddings(module, state)
+    if spec.checkpoint.timm_filter:
+        state = sys.modules[type(module).__module__].checkpoint_filter_fn(state, module)
+    load_weights_strict(module, state, spec, found.path)
+    return module
 
 
 def build_entry_point_module(spec: EncoderSpec, weights_path: Path | None, weights_dir: Path,
@@ -161,8 +177,7 @@ def build_entry_point_module(spec: EncoderSpec, weights_path: Path | None, weigh
     point = found[0]
     weights = None
     if weights_path is not None or spec.hub_id is not None:
-        weights = given_weights(spec, weights_path) if weights_path else \
-            find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+        weights = locate_weights(spec, weights_path, weights_dir, hf_cache_dir)
     try:
         module = point.load()(spec, None if weights is None else weights.path)
     except CellPathError:
