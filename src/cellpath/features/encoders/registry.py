@@ -20,7 +20,7 @@ from cellpath.errors import ConfigError
 
 DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 
-# Class names the loader resolves for the timm kwargs ``mlp_layer`` and ``act_layer``.
+# Class names the loader resolves for the timm kwargs ``mlp_layer``, ``act_layer`` and ``embed_layer``.
 TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU", "ConvStem")
 _LAYER_KWARGS = ("mlp_layer", "act_layer", "embed_layer")
 
