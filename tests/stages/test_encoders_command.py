@@ -48,7 +48,8 @@ def test_list_shows_every_row_with_where_its_weights_are(capsys, monkeypatch, tm
     assert "built in (no download)" in by_slug["filterbank-dense"]
     assert "missing (GPFM.pth in models/gpfm/" in by_slug["gpfm"]
     assert "+ config.json" in by_slug["phikon"]
-    assert "no loader (custom:musk)" in by_slug["musk"]
+    assert "missing (seal_univ2_vision.pth in models/seal-uni2/" in by_slug["seal-uni2"]
+    assert "missing (model.safetensors in models/musk/" in by_slug["musk"]
 
 
 def test_check_passes_a_working_encoder_given_by_weights_folder(capsys, tmp_path):

@@ -67,11 +67,19 @@ def test_a_registry_name_gets_its_slug_and_a_typo_the_closest_slug(project):
 
 
 def test_hub_encoder_needs_weights_and_custom_loaders_an_adapter(project):
-    params = _tiny(extract={"encoders": ["uni", "musk"]})
+    registry = project / "models" / "encoders.yaml"
+    custom = {"name": "Needs Code", "type": "PV", "architecture": "ViT-B/16", "hub_id": None, "revision": "main",
+              "loader": "custom:needs-code", "requires": "the needs-code package", "mean": [0.5] * 3,
+              "std": [0.5] * 3, "input_size": 224, "patch_size": 16, "num_prefix_tokens": 1, "has_cls": True,
+              "embed_dim": 768, "native_mpp": None, "pretrain_magnification": None, "precision": "fp32",
+              "params": None, "pretrain_wsi_equivalent": None}
+    document = yaml.safe_load(registry.read_text())
+    registry.write_text(yaml.safe_dump(document | {"encoders": [*document["encoders"], custom]}))
+    params = _tiny(extract={"encoders": ["uni", "needs-code"]})
     problems = _messages(check_params(params, project, Path("data")))
     assert len(problems) == 2, problems
     assert "'uni'" in problems[0] and "UNI: no weights found" in problems[0] and str(project / "models" / "uni") in problems[0]
-    assert "'musk'" in problems[1] and "no loader for 'custom:musk'" in problems[1]
+    assert "'needs-code'" in problems[1] and "no loader for 'custom:needs-code'" in problems[1]
     (project / "models" / "uni").mkdir()
     (project / "models" / "uni" / "model.safetensors").write_bytes(b"weights")
     assert len(check_params(params, project, Path("data"))) == 1  # found: only the adapter remains

@@ -104,10 +104,10 @@ def _cached_encoder(spec_json: str, weights_dir: Path, device: str):
 
 def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
     """The revision load_encoder records for ``spec``, without loading a hub model's weights here."""
-    from cellpath.features.encoders.loading import FILE_LOADERS, find_weights
+    from cellpath.features.encoders.loading import FILE_LOADERS, find_weights, weights_revision
 
     if spec.loader in FILE_LOADERS:  # the checkpoint's revision, as load_encoder records it
-        return find_weights(spec, weights_dir=weights_dir).revision
+        return weights_revision(spec, find_weights(spec, weights_dir=weights_dir), weights_dir, None)
     return _cached_encoder(spec.model_dump_json(), weights_dir, device).revision  # offline, entry points
 
 

@@ -245,10 +245,16 @@ def test_hub_config_disagreeing_with_the_row_is_an_error(tmp_path):
         load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf")
 
 
-def test_custom_loader_is_unavailable_with_what_it_needs(registry):
-    expected = r"MUSK: cellpath has no loader for 'custom:musk'.*musk package"
+def test_custom_loader_is_unavailable_with_what_it_needs():
+    spec = tiny_spec(loader="custom:needs-code", timm_model=None, timm_kwargs={},
+                     requires="the needs-code package, not on PyPI")
+    expected = r"tiny-vit: cellpath has no loader for 'custom:needs-code'.*not on PyPI"
     with pytest.raises(EncoderUnavailable, match=expected):
-        load_encoder(registry["MUSK"])
+        load_encoder(spec)
+
+
+def test_no_paper_model_needs_a_custom_loader(registry):
+    assert [spec.name for spec in registry.values() if spec.loader.startswith("custom:")] == []
 
 
 def test_paper_model_without_weights_is_unavailable(registry, tmp_path):

@@ -4,7 +4,8 @@ Weights for a ``timm`` or ``transformers`` row come, in this order, from a local
 ``<weights_dir>/<slug>/{model.safetensors, pytorch_model.bin}`` (with its ``config.json`` for a
 transformers row) or from a snapshot already in the Hugging Face cache (looked up on disk only:
 nothing is downloaded). Both are loaded strictly into the architecture the row describes, so a
-wrong row is an error, not silently different features. ``custom:`` rows raise
+wrong row is an error, not silently different features (beit3 rows: see beit3_format; a timm
+row with ``lora``: see lora_format). ``custom:`` rows raise
 :class:`EncoderUnavailable` saying what they need; ``offline:`` rows need no weights.
 """
 
@@ -26,8 +27,10 @@ from huggingface_hub import try_to_load_from_cache
 from torch import nn
 
 from cellpath.errors import CellPathError, EncoderLoadError, EncoderUnavailable
+from cellpath.features.encoders.beit3_format import Beit3Tokens, vision_state
 from cellpath.features.encoders.convstem import ConvStem
 from cellpath.features.encoders.filterbank import FilterBankEncoder
+from cellpath.features.encoders.lora_format import holds_every_weight, wrap_for_lora_checkpoint
 from cellpath.features.encoders.open_clip_format import build_open_clip_visual
 from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
 from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
@@ -53,7 +56,7 @@ TIMM_KEY_FIELDS = {
     "blocks.": "depth",
 }
 #: Loaders whose module cellpath builds and into which it loads a checkpoint file it finds.
-FILE_LOADERS = ("timm", "transformers", "open_clip")
+FILE_LOADERS = ("timm", "transformers", "open_clip", "beit3")
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 
 
@@ -119,8 +122,8 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         module, weights, revision = build_entry_point_module(spec, weights_path, weights_dir, hf_cache_dir)
     else:
         found = locate_weights(spec, weights_path, weights_dir, hf_cache_dir)
-        module = _build_with_weights(spec, found, device)
-        weights, revision = str(found.path), found.revision
+        module, revision = _build_with_weights(spec, found, device, weights_dir, hf_cache_dir)
+        weights = str(found.path)
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
     return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
@@ -140,25 +143,67 @@ def locate_weights(spec: EncoderSpec, weights_path: Path | None, weights_dir: Pa
     return find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
 
 
-def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.device) -> nn.Module:
-    """A transformers, open_clip or timm row's module with the checkpoint ``found`` loaded strictly."""
+def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.device, weights_dir: Path,
+                        hf_cache_dir: Path | None) -> tuple[nn.Module, str]:
+    """A file loader's module with the checkpoint ``found`` loaded strictly, and the revision of
+    what was read (a LoRA row's base weights, when its file lacks them, are the base row's)."""
     if spec.loader == "transformers":
-        return build_transformers_module(spec, found.path.parent, found.path)
+        return build_transformers_module(spec, found.path.parent, found.path), found.revision
     if spec.loader == "open_clip":
         module = build_open_clip_visual(spec)
         load_weights_strict(module.visual, read_state_dict(found.path, spec), spec, found.path)
-        return module
-    if found.origin == "hf-cache":
+        return module, found.revision
+    if spec.loader == "beit3":
+        with device:
+            module = Beit3Tokens(spec)
+        load_weights_strict(module, vision_state(read_state_dict(found.path, spec)), spec, found.path)
+        return module, found.revision
+    if found.origin == "hf-cache" and spec.lora is None:  # a LoRA repo's config.json is not the timm model's
         check_hub_config(spec, found.path.parent / "config.json")
     with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
         module = build_timm_module(spec)
     state = read_state_dict(found.path, spec)
+    if spec.lora is not None:
+        base = lora_base_weights(spec, state, found.path, weights_dir, hf_cache_dir)
+        base_state = None if base is None else read_state_dict(base.path, spec.lora.base_row)
+        wrapped, state = wrap_for_lora_checkpoint(module, state, spec, found.path, base_state)
+        load_weights_strict(wrapped, state, spec, found.path)
+        return wrapped.merge_and_unload(), _lora_revision(spec, found, base)
     if spec.checkpoint.resample_pos_embed:
         state = resample_position_embeddings(module, state)
     if spec.checkpoint.timm_filter:
         state = sys.modules[type(module).__module__].checkpoint_filter_fn(state, module)
     load_weights_strict(module, state, spec, found.path)
-    return module
+    return module, found.revision
+
+
+def lora_base_weights(spec: EncoderSpec, state: dict[str, torch.Tensor], path: Path, weights_dir: Path,
+                      hf_cache_dir: Path | None) -> WeightsFile | None:
+    """None when the LoRA checkpoint ``state`` (read from ``path``) holds every weight of the row's
+    architecture; else the ``lora.base`` row's checkpoint, which supplies the rest."""
+    with torch.device("meta"):  # the key names only
+        architecture = build_timm_module(spec)
+    if holds_every_weight(state, architecture, spec.lora.adapter):
+        return None
+    if spec.lora.base_row is None:
+        raise EncoderLoadError(
+            f"{spec.name}: checkpoint {path} holds only part of {spec.timm_model}'s weights (the LoRA-adapted "
+            "part) and the row names no lora.base: name the registry row of the base model whose checkpoint "
+            "supplies the rest")
+    return find_weights(spec.lora.base_row, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
+
+
+def weights_revision(spec: EncoderSpec, found: WeightsFile, weights_dir: Path, hf_cache_dir: Path | None) -> str:
+    """The revision load_encoder records for a file loader's row whose checkpoint is ``found``
+    (a LoRA row's names its base's too when the base supplies weights)."""
+    if spec.lora is None:
+        return found.revision
+    base = lora_base_weights(spec, read_state_dict(found.path, spec), found.path, weights_dir, hf_cache_dir)
+    return _lora_revision(spec, found, base)
+
+
+def _lora_revision(spec: EncoderSpec, found: WeightsFile, base: WeightsFile | None) -> str:
+    return found.revision if base is None else f"{found.revision};base {spec.lora.base}={base.revision}"
 
 
 def build_entry_point_module(spec: EncoderSpec, weights_path: Path | None, weights_dir: Path,
@@ -399,6 +444,10 @@ def split_tokens(spec: EncoderSpec, tokens: torch.Tensor) -> tuple[torch.Tensor 
 def _architecture(spec: EncoderSpec) -> str:
     if spec.open_clip_model:
         return f"the vision tower of open_clip {spec.open_clip_model}"
+    if spec.beit3_kwargs:
+        return f"the BEiT-3 vision path of the row's beit3_kwargs ({spec.beit3_kwargs})"
+    if spec.lora:
+        return f"timm {spec.timm_model} with the registry's timm_kwargs, wrapped by peft LoRA"
     return f"timm {spec.timm_model} with the registry's timm_kwargs"
 
 

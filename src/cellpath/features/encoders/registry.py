@@ -24,7 +24,7 @@ DEFAULT_REGISTRY_PATH = Path("models/encoders.yaml")
 TIMM_LAYER_NAMES = ("Mlp", "SwiGLU", "SwiGLUPacked", "GELU", "SiLU", "ConvStem")
 _LAYER_KWARGS = ("mlp_layer", "act_layer", "embed_layer")
 
-LOADER_PATTERN = (r"^(timm|transformers|open_clip|entry-point:[A-Za-z0-9_.-]+|custom:[a-z0-9][a-z0-9.-]*"
+LOADER_PATTERN = (r"^(timm|transformers|open_clip|beit3|entry-point:[A-Za-z0-9_.-]+|custom:[a-z0-9][a-z0-9.-]*"
                   r"|offline:(random-vit|filterbank))$")
 #: The entry-point group a package registers its own encoders in (``loader: entry-point:<name>``).
 ENTRY_POINT_GROUP = "cellpath.encoders"
@@ -75,6 +75,35 @@ class CheckpointSpec(BaseModel):
     timm_filter: bool = False
 
 
+class Beit3Kwargs(BaseModel):
+    """A BEiT-3 vision path's shape (MUSK's ``_get_large_config``): layers, attention heads and the
+    feed-forward width; token width, patch size and input size are the row's own fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    depth: PositiveInt
+    num_heads: PositiveInt
+    ffn_dim: PositiveInt
+
+
+class LoraSpec(BaseModel):
+    """A checkpoint of the row's timm architecture wrapped by peft's LoRA (SEAL): its adapted
+    modules hold ``<module>.base_layer.*`` and ``<module>.lora_{A,B}.<adapter>.weight`` (which
+    modules, and the rank, are read from the file). The adapters are merged into the weights at
+    load, W = W₀ + (alpha / r)·B·A (``alpha / √r`` with ``use_rslora``). ``alpha`` is not in the
+    file: it is the training config's. ``base``: the registry row whose checkpoint supplies the
+    weights a file holding only the adapted part lacks (a file with every weight needs none)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alpha: PositiveFloat
+    adapter: Annotated[str, Field(pattern=r"^[\w.-]+$")] = "default"
+    use_rslora: bool = False
+    base: str | None = None
+    #: ``base``'s row, filled in by :func:`parse_rows` (not written in the registry file).
+    base_row: EncoderSpec | None = None
+
+
 class EncoderSpec(BaseModel):
     """One registry row. Units: ``input_size`` and ``patch_size`` in px of the encoder input (the
     patch read at the target mpp); ``native_mpp`` in µm/px; ``mean``/``std`` for [0, 1] RGB."""
@@ -92,7 +121,9 @@ class EncoderSpec(BaseModel):
     transformers_class: TransformersClass | None = None
     transformers_kwargs: dict[str, KwargValue] = Field(default_factory=dict)
     open_clip_model: str | None = None
+    beit3_kwargs: Beit3Kwargs | None = None
     checkpoint: CheckpointSpec = CheckpointSpec()
+    lora: LoraSpec | None = None
     #: Where mean/std come from: the cached hub config (checked against the row when present), or
     #: the model card where the two disagree (the hub config's values are then not compared).
     mean_std_source: Literal["hub-config", "model-card"] = "hub-config"
@@ -133,13 +164,18 @@ class EncoderSpec(BaseModel):
         if (self.loader == "open_clip") != (self.open_clip_model is not None):
             raise ValueError("open_clip_model is required for loader 'open_clip'" if self.loader == "open_clip"
                              else f"open_clip_model is only used by the open_clip loader, not {self.loader!r}")
+        if (self.loader == "beit3") != (self.beit3_kwargs is not None):
+            raise ValueError("beit3_kwargs are required for loader 'beit3'" if self.loader == "beit3"
+                             else f"beit3_kwargs are only used by the beit3 loader, not {self.loader!r}")
+        if self.lora is not None and self.loader != "timm":
+            raise ValueError(f"lora is read into a timm architecture; loader {self.loader!r} cannot take it")
         if self.transformers_kwargs and self.loader != "transformers":
             raise ValueError(f"transformers_kwargs are only used by the transformers loader, not {self.loader!r}")
         if self.loader.startswith("custom:") != (self.requires is not None):
             raise ValueError("requires (what the custom loader needs) must be given exactly for custom: loaders")
         if (self.loader == "offline:random-vit") != (self.init_seed is not None):
             raise ValueError("init_seed must be given exactly for loader offline:random-vit")
-        if self.loader in ("timm", "transformers", "open_clip") and self.hub_id is None:
+        if self.loader in ("timm", "transformers", "open_clip", "beit3") and self.hub_id is None:
             raise ValueError(f"a {self.loader} row needs a hub_id (weights may also come from models/<slug>/)")
         if self.paper_input_size == self.input_size:
             raise ValueError("paper_input_size is only given where the row departs from Table 6's input size")
@@ -171,6 +207,9 @@ class EncoderSpec(BaseModel):
     def hub_repo(self) -> str | None:
         """The Hugging Face repo id without the ``hf-hub:`` prefix."""
         return None if self.hub_id is None else self.hub_id.removeprefix("hf-hub:")
+
+
+LoraSpec.model_rebuild()
 
 
 def model_slug(name: str) -> str:
@@ -245,7 +284,24 @@ def parse_rows(rows: list, source: str = "encoder registry") -> dict[str, Encode
             raise RegistryError(f"{source}: {label}: duplicates {other!r} (names and their slugs must be unique)")
         registry[spec.name] = spec
         slugs[spec.slug] = spec.name
+    for name, spec in registry.items():
+        if spec.lora is not None and (spec.lora.base is not None or spec.lora.base_row is not None):
+            registry[name] = _with_lora_base(spec, registry, source)
     return registry
+
+
+def _with_lora_base(spec: EncoderSpec, registry: dict[str, EncoderSpec], source: str) -> EncoderSpec:
+    """``spec`` with its ``lora.base`` row attached: a timm row of the same architecture, itself no LoRA."""
+    label = f"{source}: encoder {spec.name!r}: key 'lora.base'"
+    if spec.lora.base_row is not None:
+        raise RegistryError(f"{label}: lora.base_row is filled in from lora.base, not written in the file")
+    base = registry.get(spec.lora.base)
+    if base is None:
+        raise RegistryError(f"{label}: {spec.lora.base!r} is not a registry name")
+    if base.loader != "timm" or base.timm_model != spec.timm_model or base.lora is not None:
+        raise RegistryError(f"{label}: {base.name!r} must be a timm row of the same timm_model ({spec.timm_model}) "
+                            "without a lora of its own")
+    return spec.model_copy(update={"lora": spec.lora.model_copy(update={"base_row": base})})
 
 
 def _describe(exc: ValidationError) -> str:
