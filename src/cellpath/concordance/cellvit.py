@@ -1,7 +1,8 @@
-"""Read CellViT++ nucleus detections and map their PanNuke classes to Tcoarse.
+"""Read CellViT++ (and CellViT v1) nucleus detections and map their PanNuke classes to Tcoarse.
 
-CellViT++ writes, per slide ``<wsi>`` (the slide's file name up to its first dot), into its output
-folder (older releases) or into a sub-folder per slide (newer ones):
+CellViT++ writes, per slide ``<wsi>`` (the slide's file name without its extension, inner dots
+kept: ``wsi_path.stem``), into its output folder (older releases) or into a sub-folder per slide
+(newer ones):
 
 - ``<wsi>_cells.json`` / ``cells.json``: ``{"wsi_metadata": {...}, "type_map": {"1": "Neoplastic",
   ...}, "cells": [{"bbox", "centroid": [x, y], "contour", "type_prob", "type", ...}, ...]}``;
@@ -11,9 +12,18 @@ folder (older releases) or into a sub-folder per slide (newer ones):
   MultiPoint (centroids) and whose class is ``properties.classification.name``;
 - any of these with ``.snappy`` appended with ``--compression`` (raw snappy blocks).
 
-Coordinates are level-0 px of the slide CellViT++ was run on. ``type_map`` keys are strings in the
-file and the cells' ``type`` are integers. The default PanNuke classes map to Tcoarse as in
-``PANNUKE_TO_COARSE``; Dead nuclei have no Tcoarse class and are dropped (and counted).
+Coordinates are level-0 px of the slide CellViT++ was run on. ``type_map`` maps class id → name
+(ids are strings in the file, the cells' ``type`` integers).
+
+CellViT v1 (TIO-IKIM/CellViT, ``cell_segmentation/inference/cell_detection.py``) writes the same
+documents into ``<outdir>/<wsi>/cell_detection/[<subdir>/]{cells,cell_detection}.json``, with two
+differences: its ``type_map`` is the inverse, name → id (PanNuke's ``nuclei_types``), and its
+coordinates are px of the patches it ran on — patch offsets ``row · patch_size · downsampling``
+plus in-patch positions — which are level-0 px only when the patches were neither rescaled nor
+downsampled. With ``downsampling`` 1 they are scaled to level 0 by ``target_patch_mpp /
+base_mpp`` (both in its ``wsi_metadata``); a file whose patches were downsampled mixes two scales
+and is refused. The default PanNuke classes map to Tcoarse as in ``PANNUKE_TO_COARSE``; Dead nuclei
+have no Tcoarse class and are dropped (and counted).
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ def read_cellvit(path: Path | str, *, slide_mpp: float | None = None,
     else:
         _check_mpp(document, slide_mpp, path)
         names, xy = _json_detections(document, path)
+        if _is_v1_type_map(document["type_map"]):
+            xy = xy * _v1_level0_scale(document, path)
     if len(names) == 0:
         raise InputError("the CellViT++ output holds no detections; rerun CellViT++ on this slide or "
                          "check that the tissue was found", path=path)
@@ -76,11 +88,13 @@ def read_cellvit(path: Path | str, *, slide_mpp: float | None = None,
 def find_cellvit_output(folder: Path | str, section_id: str, *, wsi_name: str | None = None) -> Path:
     """The CellViT++ output file for one section in a CellViT++ output folder.
 
-    A file belongs to the section when its slide name (``<wsi>`` in ``<wsi>_cells.json`` or the
-    sub-folder holding ``cells.json``), less a trailing ``.ome`` and ``_he_image``, equals
-    ``section_id``, or equals ``wsi_name`` (the H&E file name, e.g. ``X_he_image.ome.tif``) up to its
-    first dot. Preference: cells.json, cell_detection.json, cells.geojson, cell_detection.geojson;
-    an uncompressed file before its ``.snappy`` variant.
+    A file belongs to the section when its slide name (``<wsi>`` in ``<wsi>_cells.json``, the
+    sub-folder holding ``cells.json``, or CellViT v1's ``<wsi>/cell_detection/[<subdir>/]``), less a
+    trailing ``.ome`` and ``_he_image``, equals ``section_id``, or equals ``wsi_name`` (the H&E file
+    name, e.g. ``X_he_image.ome.tif`` or ``TCGA-….57401526-….svs``) without its extension — the
+    ``wsi_path.stem`` CellViT names its outputs by, inner dots kept — or up to its first dot.
+    Preference: cells.json, cell_detection.json, cells.geojson, cell_detection.geojson; an
+    uncompressed file before its ``.snappy`` variant.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -88,14 +102,15 @@ def find_cellvit_output(folder: Path | str, section_id: str, *, wsi_name: str | 
                          path=folder, section=section_id)
     wanted = {_slide_key(section_id)}
     if wsi_name is not None:
-        wanted.add(_slide_key(Path(wsi_name).name.split(".")[0]))
+        name = Path(wsi_name).name
+        wanted |= {_slide_key(Path(name).stem), _slide_key(name.split(".")[0])}
     candidates: dict[tuple[int, bool], list[Path]] = {}
     for file in sorted(folder.rglob("*")):
         kind = _output_kind(file.name)
         if kind is None or not file.is_file():
             continue
         if file.name.removesuffix(".snappy") == kind:  # folder layout: <outdir>/<wsi>/cells.json
-            slide = file.parent.name if file.parent != folder else None
+            slide = _folder_slide(file, folder)
         else:
             slide = file.name.removesuffix(".snappy")[: -len(kind) - 1]
         if slide is not None and _slide_key(slide) in wanted:
@@ -110,6 +125,16 @@ def find_cellvit_output(folder: Path | str, section_id: str, *, wsi_name: str | 
         raise InputError(f"several CellViT++ outputs match this section: {[str(p) for p in best]}; keep one",
                          path=folder, section=section_id)
     return best[0]
+
+
+def _folder_slide(file: Path, folder: Path) -> str | None:
+    """The slide a ``cells.json``-style file belongs to by its folders: ``<wsi>/`` (CellViT++) or
+    ``<wsi>/cell_detection/[<subdir>/]`` (CellViT v1); None for a file directly in ``folder``."""
+    parents = file.relative_to(folder).parts[:-1]
+    if "cell_detection" in parents:
+        index = len(parents) - 1 - parents[::-1].index("cell_detection")
+        return parents[index - 1] if index >= 1 else None
+    return parents[-1] if parents else None
 
 
 def _output_kind(name: str) -> str | None:
@@ -200,6 +225,10 @@ def _json_detections(document, path: Path) -> tuple[list[str], np.ndarray]:
     type_map, cells = document["type_map"], document["cells"]
     if not isinstance(type_map, dict) or not isinstance(cells, list):
         raise InputError("type_map must be an object and cells a list", path=path)
+    if _is_v1_type_map(type_map):  # CellViT v1: name → id
+        if len(set(type_map.values())) != len(type_map):
+            raise InputError(f"type_map gives one id to several classes: {type_map}", path=path)
+        type_map = {str(class_id): name for name, class_id in type_map.items()}
     complete = [isinstance(c, dict) and "centroid" in c and "type" in c for c in cells]
     if not all(complete):
         incomplete = complete.index(False)
@@ -212,6 +241,30 @@ def _json_detections(document, path: Path) -> tuple[list[str], np.ndarray]:
         raise InputError(f"cell {first} has class id {cells[first]['type']!r}, which type_map does not list "
                          f"(ids: {sorted(type_map)})", path=path)
     return [str(type_map[k]) for k in keys], _points(centroids, path, "cell")
+
+
+def _is_v1_type_map(type_map: dict) -> bool:
+    """CellViT v1's name → id map (``{"Background": 0, "Neoplastic": 1, …}``), not CellViT++'s id → name."""
+    return bool(type_map) and all(isinstance(v, int) and not isinstance(v, bool) for v in type_map.values()) \
+        and not all(str(k).isdigit() for k in type_map)
+
+
+def _v1_level0_scale(document: dict, path: Path) -> float:
+    """Level-0 px per px of CellViT v1's coordinates (``target_patch_mpp / base_mpp``; see the module docstring)."""
+    metadata = document.get("wsi_metadata") if isinstance(document.get("wsi_metadata"), dict) else {}
+    try:
+        downsampling = float(metadata.get("downsampling", 1))
+        base, target = metadata.get("base_mpp"), metadata.get("target_patch_mpp")
+        scale = 1.0 if base is None or target is None else float(target) / float(base)
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise InputError("CellViT v1 wsi_metadata: downsampling, base_mpp and target_patch_mpp must be numbers",
+                         path=path) from None
+    if downsampling != 1:
+        raise InputError(f"this CellViT v1 output was computed on patches downsampled {downsampling:g}×, and CellViT "
+                         "v1 then adds in-patch positions at that scale to level-0 patch offsets, so its "
+                         "coordinates mix two scales; rerun CellViT at the slide's base magnification "
+                         "(downsampling 1) or with CellViT++", path=path)
+    return scale
 
 
 def _points(values: list, path: Path, what: str) -> np.ndarray:

@@ -307,3 +307,71 @@ def test_find_errors_name_the_section_and_folder(tmp_path):
     _write(tmp_path / "breast_1" / "cells.json", {})
     with pytest.raises(InputError, match="several CellViT\\+\\+ outputs match"):
         find_cellvit_output(tmp_path, "breast_1")
+
+
+# ------------------------------------------------------------------ CellViT v1 (TIO-IKIM/CellViT)
+
+V1_TYPES = {"Background": 0, "Neoplastic": 1, "Inflammatory": 2, "Connective": 3, "Dead": 4, "Epithelial": 5}
+
+
+def _v1_document(cells, *, base_mpp=MPP, target_patch_mpp=MPP, downsampling=1, patch_size=1024, overlap=64) -> dict:
+    """A cells.json as CellViT v1's cell_detection.py writes it: type_map name → id, and centroids in
+    px of the patches it ran on (at target_patch_mpp: the global patch offset plus the in-patch
+    position), given here as ``cells`` ((x, y) in those px, type id)."""
+    written = [{"bbox": [[0, 0], [6, 6]], "centroid": list(xy), "type": type_id, "patch_coordinates": [0, 0],
+                "offset_global": [0, 0]} for xy, type_id in cells]
+    metadata = {"base_mpp": base_mpp, "target_patch_mpp": target_patch_mpp, "downsampling": downsampling,
+                "patch_size": patch_size, "patch_overlap": overlap, "base_magnification": 40.0}
+    return {"wsi_metadata": metadata, "processed_patches": 4, "type_map": V1_TYPES, "cells": written}
+
+
+@pytest.mark.parametrize("name", ["cells.json", "cell_detection.json"])
+def test_reads_cellvit_v1_with_its_name_to_id_type_map(tmp_path, name):
+    path = tmp_path / "slide" / "cell_detection" / name
+    _write(path, _v1_document(CELLS))
+    detections = read_cellvit(path, slide_mpp=MPP)
+    assert list(detections.label) == ["Neoplastic", "Inflammatory", "Connective", "Epithelial", "Inflammatory"]
+    np.testing.assert_allclose(np.c_[detections.x_px, detections.y_px],
+                               [xy for xy, t in CELLS if t != 4])  # same mpp: patch px are level-0 px
+    assert detections.n_dropped == 1
+
+
+def test_cellvit_v1_coordinates_of_rescaled_patches_are_scaled_to_level_0(tmp_path):
+    # a 10x H&E at 0.2125 µm/px that CellViT v1 read as 0.25 µm/px patches: 1 patch px = 0.25/0.2125 level-0 px
+    level0 = [((1500.0, 2200.0), 1), ((40.0, 1100.0), 2)]
+    scale = 0.25 / 0.2125
+    patch_px = [((x / scale, y / scale), t) for (x, y), t in level0]
+    _write(tmp_path / "v1.json", _v1_document(patch_px, base_mpp=0.2125, target_patch_mpp=0.25))
+    detections = read_cellvit(tmp_path / "v1.json", slide_mpp=0.2125)
+    np.testing.assert_allclose(np.c_[detections.x_px, detections.y_px], [xy for xy, _ in level0])
+
+
+def test_cellvit_v1_on_downsampled_patches_is_refused(tmp_path):
+    _write(tmp_path / "v1.json", _v1_document(CELLS, downsampling=2))
+    with pytest.raises(InputError, match=r"v1\.json: .*downsampled 2×.*mix two scales"):
+        read_cellvit(tmp_path / "v1.json")
+
+
+def test_a_type_map_giving_one_id_to_two_classes_is_named(tmp_path):
+    document = _v1_document(CELLS) | {"type_map": V1_TYPES | {"Epithelial": 1}}
+    _write(tmp_path / "v1.json", document)
+    with pytest.raises(InputError, match=r"type_map gives one id to several classes"):
+        read_cellvit(tmp_path / "v1.json")
+
+
+def test_find_reads_cellvit_v1s_cell_detection_folder(tmp_path):
+    _write(tmp_path / "breast_1_he_image.ome" / "cell_detection" / "cells.json", {})
+    _write(tmp_path / "breast_1_he_image.ome" / "cell_detection" / "cell_detection.json", {})
+    assert find_cellvit_output(tmp_path, "breast_1") == \
+        tmp_path / "breast_1_he_image.ome" / "cell_detection" / "cells.json"
+    _write(tmp_path / "breast_2" / "cell_detection" / "run-a" / "cell_detection.json", {})  # --subdir_name
+    assert find_cellvit_output(tmp_path, "breast_2").parent.name == "run-a"
+
+
+def test_find_matches_slide_names_with_inner_dots(tmp_path):
+    # CellViT names its output by wsi_path.stem, which keeps a TCGA name's inner dots
+    slide = "TCGA-A2-A0T2-01Z-00-DX1.5D26C1A6-9A4E-4C4F-8F5B-2D9A1C1E6F12"
+    _write(tmp_path / slide / "cells.json", {})
+    assert find_cellvit_output(tmp_path, "tcga-a2", wsi_name=f"{slide}.svs") == tmp_path / slide / "cells.json"
+    _write(tmp_path / f"{slide}_cell_detection.json", {})
+    assert find_cellvit_output(tmp_path, "tcga-a2", wsi_name=f"/slides/{slide}.svs") == tmp_path / slide / "cells.json"
