@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from cellpath.errors import InputError
 
@@ -22,19 +23,17 @@ XENIUM_PIXEL_SIZE_UM = 0.2125
 def parse_alignment_csv(path: Path, section: str | None = None) -> np.ndarray:
     """Read a 10x H&E alignment CSV: three comma-separated rows, no header, a 3×3 affine.
 
-    Returns the matrix mapping H&E level-0 px → Xenium morphology px. Raises InputError for a
+    Returns the matrix mapping H&E level-0 px → Xenium morphology px. The file is read as
+    ``pandas.read_csv(header=None)`` reads it (spatialdata-io's reader does the same): a UTF-8 BOM,
+    CRLF line ends, quoted numbers and spaces around them are accepted. Raises InputError for a
     malformed, non-finite, non-affine or singular matrix. Keypoint exports (Xenium Explorer ≥ 2:
     columns fixedX, fixedY, alignmentX, alignmentY) are fitted to an affine by least squares.
     """
+    table = _read_cells(path, section)
+    if len(table) and "fixedX" in table[0]:
+        return _affine_from_keypoints(table, path, section)
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read the H&E alignment file ({exc.strerror})", path=path, section=section) from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if lines and "fixedX" in lines[0]:
-        return _affine_from_keypoints(lines, path, section)
-    try:
-        rows = [[float(v) for v in ln.split(",")] for ln in lines]
+        rows = [[float(v) for v in row] for row in table]
     except ValueError:
         raise InputError(
             "H&E alignment must be three comma-separated rows of three numbers (a 3×3 affine)",
@@ -50,13 +49,34 @@ def parse_alignment_csv(path: Path, section: str | None = None) -> np.ndarray:
     return matrix
 
 
-def _affine_from_keypoints(lines: list[str], path: Path, section: str | None) -> np.ndarray:
-    header = [h.strip() for h in lines[0].split(",")]
+def _read_cells(path: Path, section: str | None) -> list[list[str]]:
+    """The CSV's non-empty rows as stripped strings (pandas' parser: BOM, quotes, CRLF), trailing
+    empty cells dropped."""
+    try:
+        frame = pd.read_csv(path, header=None, dtype=str, encoding="utf-8-sig", skip_blank_lines=True,
+                            keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        return []
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).strip()
+        raise InputError(f"cannot read the H&E alignment file ({reason})", path=path, section=section) from None
+    rows = []
+    for values in frame.itertuples(index=False):
+        cells = ["" if pd.isna(v) else str(v).strip() for v in values]
+        while cells and cells[-1] == "":
+            cells.pop()
+        if cells:
+            rows.append(cells)
+    return rows
+
+
+def _affine_from_keypoints(table: list[list[str]], path: Path, section: str | None) -> np.ndarray:
+    header = table[0]
     needed = ["fixedX", "fixedY", "alignmentX", "alignmentY"]
     if any(n not in header for n in needed):
         raise InputError(f"keypoint alignment needs columns {needed}, found {header}", path=path, section=section)
     try:
-        values = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:]])
+        values = np.array([[float(v) for v in row] for row in table[1:]])
     except ValueError:
         raise InputError("keypoint alignment has non-numeric values", path=path, section=section) from None
     if values.ndim != 2 or len(values) < 3:

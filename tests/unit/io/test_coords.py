@@ -43,6 +43,17 @@ def test_keypoint_export_is_fitted_to_an_affine(tmp_path):
     np.testing.assert_allclose(parse_alignment_csv(path), truth, atol=1e-9)
 
 
+@pytest.mark.parametrize("encoded", [
+    "\ufeff0,-2,10\r\n2,0,20\r\n0,0,1\r\n",          # a UTF-8 BOM and CRLF (Windows exports)
+    '"0","-2","10"\n"2","0","20"\n"0","0","1"\n',      # quoted numbers
+    "0 , -2 , 10 \n 2,0,20\n\n0,0,1\n\n",              # spaces around numbers, blank lines
+])
+def test_the_matrix_is_read_as_pandas_reads_a_csv(tmp_path, encoded):
+    path = tmp_path / "x_he_imagealignment.csv"
+    path.write_bytes(encoded.encode("utf-8"))
+    np.testing.assert_array_equal(parse_alignment_csv(path), [[0, -2, 10], [2, 0, 20], [0, 0, 1]])
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
@@ -53,6 +64,8 @@ def test_keypoint_export_is_fitted_to_an_affine(tmp_path):
         ("1,2,0\n2,4,0\n0,0,1\n", "singular"),
         ("1,0,0\n0,1,0\n0.1,0,1\n", "must be affine"),
         ("", "3×3 matrix"),
+        ("1,0,0\n0,1\n0,0,1\n", "3×3 matrix"),
+        ("1,0,0\n0,1,0,7\n0,0,1\n", "cannot read the H&E alignment file"),
     ],
 )
 def test_bad_alignment_names_the_file(tmp_path, text, needle):
