@@ -18,8 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from cellpath.errors import ConfigError, Problem
 from cellpath.io.layout import DEFAULT_MANIFEST
-from cellpath.vocabulary import (MAGNIFICATIONS, PROTOCOLS, READOUTS, MagnificationName, ProtocolChoice, ProtocolName,
-                                 ReadoutName, TaxonomyName)
+from cellpath.vocabulary import (MAGNIFICATIONS, PROTOCOLS, READOUTS, REFERENCE_COUNT_SOURCE_PATTERN, MagnificationName,
+                                 ProtocolChoice, ProtocolName, ReadoutName, TaxonomyName)
 
 # Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
 SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
@@ -112,6 +112,8 @@ class AnnotateConfig(_Strict):
     references: dict[Annotated[str, Field(pattern=SECTION_ID_PATTERN)], str] = {}
     label_column: str = "cell_type"
     label_vocabulary: str | None = None
+    #: where each reference keeps its raw counts: auto (layers["counts"], else X), X, raw, layers/<name>
+    reference_counts: Annotated[str, Field(pattern=REFERENCE_COUNT_SOURCE_PATTERN)] = "auto"
     regularisation_c: Annotated[float, Field(gt=0.0, le=1e4)] = 5.0
     confidence_threshold: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.4
     min_shared_genes: Annotated[int, Field(ge=1)] = 20

@@ -42,3 +42,8 @@ HEADLINE_MAGNIFICATION: MagnificationName = "20x"  # the paper's headline number
 def headline_magnification(magnifications: list[str]) -> str:
     """The magnification of the headline numbers and CRT: 20× (the paper's) when evaluated, else the first."""
     return HEADLINE_MAGNIFICATION if HEADLINE_MAGNIFICATION in magnifications else magnifications[0]
+
+#: Where a scRNA-seq reference keeps its raw counts (``annotate.reference_counts``): ``auto``
+#: (``layers["counts"]`` if present, else ``X``), ``X``, ``raw`` (``.raw.X`` with ``.raw.var_names``)
+#: or ``layers/<name>``.
+REFERENCE_COUNT_SOURCE_PATTERN = r"^(auto|X|raw|layers/[\w.-]+)$"

@@ -432,7 +432,8 @@ PARAMS_ROWS = {
     "params-unknown-key": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["annotate"].update(confidence=0.4)),
                               ConfigError, r"^\S+/params\.yaml: unknown key `annotate\.confidence`: did you mean "
                               r"`confidence_threshold`\? allowed keys here: "
-                              r"references, label_column, label_vocabulary, regularisation_c, confidence_threshold"),
+                              r"references, label_column, label_vocabulary, reference_counts, regularisation_c, "
+                              r"confidence_threshold"),
     "params-out-of-range": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["probe"].update(val_fraction=1.5)),
                                ConfigError,
                                r"^\S+/params\.yaml: key `probe\.val_fraction`: Input should be less than 1 \(got 1\.5\)$"),

@@ -38,20 +38,56 @@ class Reference:
     labels: np.ndarray  # ontology names
 
 
-def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, section: str | None) -> sparse.csr_matrix:
+def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, section: str | None,
+                 hint: str = "") -> sparse.csr_matrix:
+    """``matrix`` as CSR if it holds raw counts: finite, non-negative whole numbers; else one
+    InputError naming the file, the first offending value and ``hint`` (where counts may be)."""
     matrix = sparse.csr_matrix(matrix)
     data = matrix.data
     if not np.all(np.isfinite(data)):
         raise InputError(f"{what} contains {int((~np.isfinite(data)).sum())} NaN or infinite counts", path=path,
                          section=section)
     if (data < 0).any():
-        raise InputError(f"{what} contains {int((data < 0).sum())} negative counts; raw counts are required",
+        raise InputError(f"{what} contains {int((data < 0).sum())} negative counts; raw counts are required"
+                         + hint, path=path, section=section)
+    fractional = np.abs(data - np.rint(data)) > 1e-6
+    if fractional.any():
+        example = float(data[np.argmax(fractional)])
+        raise InputError(f"{what} are not raw counts: {int(fractional.sum())} of {len(data)} non-zero values are not "
+                         f"whole numbers (e.g. {example:.4g}; max {float(data.max()):.4g}) — normalised or "
+                         f"log-transformed data, which label transfer would normalise a second time" + hint,
                          path=path, section=section)
     return matrix
 
 
-def load_reference(path: Path, label_column: str, vocabulary: str | None) -> Reference:
-    """Read a reference .h5ad and map its labels onto the ontology (InputError names the file)."""
+def reference_counts(adata: ad.AnnData, source: str, path: Path) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
+    """The reference's raw counts and their genes, from ``source`` (see
+    ``vocabulary.REFERENCE_COUNT_SOURCE_PATTERN``); InputError naming the file and the layers it has
+    when they are not counts."""
+    layers = sorted(map(str, adata.layers.keys()))
+    available = ", ".join([*(f"layers/{name}" for name in layers), *(["raw"] if adata.raw is not None else [])])
+    hint = (f". Set annotate.reference_counts to where this file keeps its raw counts (it has "
+            f"{available or 'no layers and no .raw'}; auto reads layers/counts, else X)")
+    if source == "auto":
+        source = "layers/counts" if "counts" in adata.layers else "X"
+    if source == "raw":
+        if adata.raw is None:
+            raise InputError("annotate.reference_counts is 'raw' but the reference has no .raw" + hint, path=path)
+        matrix, genes = adata.raw.X, tuple(map(str, adata.raw.var_names))
+    elif source.startswith("layers/"):
+        name = source.removeprefix("layers/")
+        if name not in adata.layers:
+            raise InputError(f"annotate.reference_counts names layers/{name}, which the reference lacks" + hint,
+                             path=path)
+        matrix, genes = adata.layers[name], tuple(map(str, adata.var_names))
+    else:
+        matrix, genes = adata.X, tuple(map(str, adata.var_names))
+    return check_counts(matrix, f"reference counts ({source})", path, None, hint), genes
+
+
+def load_reference(path: Path, label_column: str, vocabulary: str | None, counts_source: str = "auto") -> Reference:
+    """Read a reference .h5ad (raw counts from ``counts_source``, see :func:`reference_counts`) and
+    map its labels onto the ontology (InputError names the file)."""
     path = Path(path)
     if not path.is_file():
         raise InputError("reference file not found", path=path)
@@ -62,8 +98,7 @@ def load_reference(path: Path, label_column: str, vocabulary: str | None) -> Ref
     if label_column not in adata.obs:
         raise InputError(f"reference has no label column {label_column!r} in obs (columns: "
                          f"{', '.join(map(str, adata.obs.columns))}); set annotate.label_column", path=path)
-    counts = adata.layers["counts"] if "counts" in adata.layers else adata.X
-    counts = check_counts(counts, "reference counts", path, None)
+    counts, genes = reference_counts(adata, counts_source, path)
     meta = adata.uns.get("reference")
     declared = meta.get("label_vocabulary") if isinstance(meta, dict) else None
     vocabulary = vocabulary or declared or ONTOLOGY_VOCABULARY
@@ -73,7 +108,7 @@ def load_reference(path: Path, label_column: str, vocabulary: str | None) -> Ref
     except KeyError as exc:
         raise InputError(str(exc.args[0]), path=path) from None
     labels = np.array([mapping[label] for label in raw_labels], dtype=object)
-    return Reference(path.stem, path, counts, tuple(map(str, adata.var_names)), labels)
+    return Reference(path.stem, path, counts, genes, labels)
 
 
 def log_normalise(counts: sparse.spmatrix, target_sum: float = 1e3) -> np.ndarray:

@@ -50,7 +50,8 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
             genes = tuple(map(str, table.var_names))
             ref_path = _reference_path(params, data_dir, section_id, row.organ)
             if ref_path not in references:
-                references[ref_path] = load_reference(ref_path, cfg.label_column, cfg.label_vocabulary)
+                references[ref_path] = load_reference(ref_path, cfg.label_column, cfg.label_vocabulary,
+                                                      cfg.reference_counts)
             reference = references[ref_path]
             key = (reference.name, genes)
             if key not in models:

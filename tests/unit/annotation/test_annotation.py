@@ -10,6 +10,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+import scanpy as sc
 from scipy import sparse
 
 from cellpath.annotation.labels import against_truth, label_frame, section_summary
@@ -316,3 +317,36 @@ def test_bad_xenium_counts_name_the_section():
 
     with pytest.raises(InputError, match=r"section s9: .*s9.zarr: Xenium counts contains 1 negative"):
         check_counts(sparse.csr_matrix(np.array([[1.0, -1.0]])), "Xenium counts", PROJECT_ROOT / "s9.zarr", "s9")
+
+
+def _log_normalised(adata):
+    """The reference as many are published: X log1p(CP10k) — max ≈ 6–7, not whole numbers — and the
+    counts kept in layers["raw_counts"] and .raw."""
+    counts = sparse.csr_matrix(adata.X, dtype=np.float32)
+    logged = sc.pp.log1p(sc.pp.normalize_total(ad.AnnData(counts.copy()), target_sum=1e4, copy=True), copy=True).X
+    adata = ad.AnnData(X=sparse.csr_matrix(logged), obs=adata.obs, var=adata.var, uns=adata.uns,
+                       layers={"raw_counts": counts})
+    adata.raw = ad.AnnData(X=counts, var=adata.var)
+    return adata
+
+
+def test_a_log_normalised_reference_is_refused_naming_where_counts_are(panel_copy):
+    path = panel_copy / "references" / "breast.h5ad"
+    original = load_reference(path, "cell_type", None)
+    rewrite_reference(path, _log_normalised)
+    with pytest.raises(InputError, match=r"breast\.h5ad: reference counts \(X\) are not raw counts: .* not whole "
+                                         r"numbers .*annotate\.reference_counts.*layers/raw_counts, raw") as err:
+        load_reference(path, "cell_type", None)
+    assert "log-transformed" in str(err.value)
+    for source in ("layers/raw_counts", "raw"):  # the same counts, from where the file keeps them
+        reference = load_reference(path, "cell_type", None, counts_source=source)
+        assert (reference.counts != original.counts).nnz == 0 and reference.genes == original.genes
+    with pytest.raises(InputError, match=r"names layers/counts, which the reference lacks.*layers/raw_counts"):
+        load_reference(path, "cell_type", None, counts_source="layers/counts")
+
+
+def test_integer_valued_float_counts_are_counts():
+    from cellpath.annotation.transfer import check_counts
+
+    counts = check_counts(np.array([[1.0, 0.0, 7.0]], dtype=np.float32), "Xenium counts", PROJECT_ROOT / "s.zarr", "s")
+    assert counts.nnz == 2
