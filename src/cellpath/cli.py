@@ -34,19 +34,10 @@ def pin_numpy_dispatch() -> None:
     os.environ["NPY_DISABLE_CPU_FEATURES"] = " ".join(dict.fromkeys([*listed, *PORTABLE_NUMPY_DISPATCH]))
 
 
-class _QuietThirdParty(logging.Filter):
-    """Drop tiatoolbox's root-logger chatter below ERROR (objective power, "Scale > 1" reads)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR or "tiatoolbox" not in record.pathname
-
-
 def _configure_logging(verbose: bool) -> None:
     # Configure before tiatoolbox is imported: it adds its own handlers to the root logger.
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_QuietThirdParty())
     for noisy in ("tiatoolbox", "numba", "fsspec", "h5py", "PIL", "matplotlib", "urllib3", "asyncio", "faiss"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
