@@ -18,8 +18,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from cellpath.errors import ConfigError, Problem
 from cellpath.io.layout import DEFAULT_MANIFEST
-from cellpath.vocabulary import (MAGNIFICATIONS, PROTOCOLS, READOUTS, REFERENCE_COUNT_SOURCE_PATTERN, MagnificationName,
-                                 ProtocolChoice, ProtocolName, ReadoutName, TaxonomyName)
+from cellpath.vocabulary import (DEFAULT_XENIUM_LAYOUT, MAGNIFICATIONS, PROTOCOLS, READOUTS,
+                                 REFERENCE_COUNT_SOURCE_PATTERN, MagnificationName, ProtocolChoice, ProtocolName,
+                                 ReadoutName, TaxonomyName, XeniumLayoutName)
 
 # Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
 SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
@@ -47,6 +48,8 @@ class SimulatedSection(_Strict):
     n_cells: Annotated[int, Field(ge=50, le=2_000_000)] | None = None
     registration_jitter_um: Annotated[float, Field(ge=0.0, le=20.0)] | None = None
     morphology_strength: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    #: which vintage of the Xenium bundle to write (cellpath.io.xenium.LAYOUTS); ingest reads them all
+    xenium_layout: XeniumLayoutName = DEFAULT_XENIUM_LAYOUT
 
     @model_validator(mode="after")
     def _status_matches_organ(self) -> "SimulatedSection":

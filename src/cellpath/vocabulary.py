@@ -47,3 +47,10 @@ def headline_magnification(magnifications: list[str]) -> str:
 #: (``layers["counts"]`` if present, else ``X``), ``X``, ``raw`` (``.raw.X`` with ``.raw.var_names``)
 #: or ``layers/<name>``.
 REFERENCE_COUNT_SOURCE_PATTERN = r"^(auto|X|raw|layers/[\w.-]+)$"
+
+#: Vintages of the Xenium output bundle the simulator can write and ingest reads
+#: (:data:`cellpath.io.xenium.LAYOUTS` says what each looks like and where that comes from).
+XeniumLayoutName = Literal["xoa-1.0", "xoa-1.4", "xoa-1.9", "xoa-2.0", "xoa-3.0", "xenium-prime-5k",
+                           "xenium-ranger-3.0"]
+XENIUM_LAYOUTS: tuple[XeniumLayoutName, ...] = get_args(XeniumLayoutName)
+DEFAULT_XENIUM_LAYOUT: XeniumLayoutName = "xoa-3.0"

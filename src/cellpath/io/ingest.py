@@ -1,7 +1,10 @@
 """Ingest: one raw Xenium bundle + registered H&E → ``data/sections/<section_id>.zarr`` (SpatialData).
 
-The same code reads a real 10x download and a simulated bundle. The expression table comes from
-spatialdata-io's Xenium reader; nucleus centroids (µm) from ``cells.zarr.zip``; they are placed on
+The same code reads a real 10x download and a simulated bundle, of every vintage (XOA 1.0 to
+today, Xenium Prime, Xenium Ranger re-segmentations; :data:`cellpath.io.xenium.LAYOUTS`). The
+expression table comes from spatialdata-io's Xenium reader; nucleus centroids (µm) from
+``cells.zarr.zip``'s ``cell_summary`` — or, for a bundle whose summary lacks them, from the
+polygons of ``nucleus_boundaries.parquet`` (the section's metadata says which); they are placed on
 the H&E through the inverse of the alignment (:func:`cellpath.io.coords.um_to_he_px`). The H&E stays
 the OME-TIFF on disk (read later with tiatoolbox at a target mpp); the zarr holds the table and
 the nucleus centroids as shapes, plus the section's metadata in ``table.uns["section"]``.
@@ -29,7 +32,8 @@ from cellpath.errors import InputError
 from cellpath.io.atomic import atomic_output
 from cellpath.io.coords import parse_alignment_csv, um_to_he_px
 from cellpath.io.wsi import open_slide
-from cellpath.io.xenium import SUMMARY_COLUMNS, xenium_cell_ids
+from cellpath.io.xenium import (NUCLEUS_CENTROID_COLUMNS, SUMMARY_COLUMNS, SUMMARY_COLUMNS_1X, bundle_version,
+                                xenium_cell_ids)
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +135,17 @@ def _read_cells_parquet(bundle: Bundle) -> pd.DataFrame:
     if missing:
         raise InputError(f"missing columns {missing}", path=path, section=bundle.section_id)
     cells = table.to_pandas()
-    cells["cell_id"] = cells["cell_id"].astype(str)
+    cells["cell_id"] = _id_strings(cells["cell_id"])
     return cells
+
+
+def _id_strings(ids: pd.Series) -> np.ndarray:
+    """Cell ids as strings, whatever the vintage stored: Arrow string, binary (XOA 1.3-1.4, decoded
+    as UTF-8) or integer (XOA < 1.3)."""
+    values = ids.to_numpy()
+    if len(values) and isinstance(values[0], bytes):
+        return np.array([v.decode("utf-8") for v in values], dtype=object)
+    return ids.astype(str).to_numpy()
 
 
 OPTIONAL_PARQUET_FILES = ("nucleus_boundaries.parquet", "cell_boundaries.parquet")
@@ -152,8 +165,14 @@ def _check_optional_parquet(bundle: Bundle) -> None:
                              "bundle", path=path, section=bundle.section_id) from None
 
 
-def _read_nucleus_centroids(bundle: Bundle) -> pd.DataFrame:
-    """Nucleus centroids (µm) per cell id from cells.zarr.zip's cell_summary."""
+#: Where a section's nucleus centroids came from (``table.uns["section"]["nucleus_centroids_from"]``).
+FROM_SUMMARY = "cells.zarr.zip cell_summary"
+FROM_BOUNDARIES = "nucleus_boundaries.parquet polygons (largest nucleus of each cell)"
+
+
+def _read_nucleus_centroids(bundle: Bundle) -> tuple[pd.DataFrame, str]:
+    """Nucleus centroids (µm) per cell id, and where they came from: cells.zarr.zip's cell_summary,
+    or nucleus_boundaries.parquet when the summary has no nucleus centroid columns."""
     path = bundle.file("cells.zarr.zip")
     try:
         with zipfile.ZipFile(path) as zf:
@@ -163,24 +182,102 @@ def _read_nucleus_centroids(bundle: Bundle) -> pd.DataFrame:
         store = zarr.storage.ZipStore(path, mode="r")
         root = zarr.open_group(store=store, mode="r")
         cell_id = np.asarray(root["cell_id"][:])
-        summary_array = root["cell_summary"]
-        summary = np.asarray(summary_array[:])
-        columns = list(summary_array.attrs.get("column_names", SUMMARY_COLUMNS))
+        summary_array = root["cell_summary"] if "cell_summary" in root else None
+        summary = None if summary_array is None else np.asarray(summary_array[:])
+        columns = None if summary_array is None else summary_array.attrs.get("column_names")
         store.close()
     except (zipfile.BadZipFile, KeyError, OSError, ValueError) as exc:
         raise InputError(f"cannot read cell_id / cell_summary ({exc}); re-download the bundle", path=path,
                          section=bundle.section_id) from None
-    if "nucleus_centroid_x" not in columns or "nucleus_centroid_y" not in columns:
-        raise InputError(f"cell_summary lacks nucleus centroid columns (has {columns})", path=path, section=bundle.section_id)
-    if cell_id.ndim != 2 or len(cell_id) != len(summary):
-        raise InputError(f"cell_id {cell_id.shape} and cell_summary {summary.shape} disagree", path=path,
+    ids = _zarr_cell_ids(cell_id, path, bundle.section_id)
+    if summary is not None and columns is None:  # no names stored: 1.x has 7 columns, 2.0 on 8
+        columns = {len(SUMMARY_COLUMNS_1X): SUMMARY_COLUMNS_1X, len(SUMMARY_COLUMNS): SUMMARY_COLUMNS}.get(
+            summary.shape[1] if summary.ndim == 2 else -1)
+        if columns is None:
+            raise InputError(f"cell_summary has {summary.shape} values and no column_names attribute; expected 7 "
+                             "(XOA 1.x) or 8 columns", path=path, section=bundle.section_id)
+    columns = list(columns or [])
+    if summary is None or not all(c in columns for c in NUCLEUS_CENTROID_COLUMNS):
+        return _centroids_from_boundaries(bundle, ids), FROM_BOUNDARIES
+    if len(ids) != len(summary):
+        raise InputError(f"cell_id ({len(ids)} cells) and cell_summary {summary.shape} disagree", path=path,
                          section=bundle.section_id)
-    ids = xenium_cell_ids(cell_id[:, 0], int(cell_id[0, 1]) if len(cell_id) else 1)
     return pd.DataFrame({
         "cell_id": ids,
         "nucleus_x_um": summary[:, columns.index("nucleus_centroid_x")],
         "nucleus_y_um": summary[:, columns.index("nucleus_centroid_y")],
-    })
+    }), FROM_SUMMARY
+
+
+def _zarr_cell_ids(cell_id: np.ndarray, path: Path, section: str) -> np.ndarray:
+    """cells.zarr.zip's ``cell_id`` as the bundle's string ids: (N, 2) uint32 prefix and dataset
+    suffix (XOA ≥ 1.3, "aaabcdef-1"), or 1-D integers (XOA < 1.3, "1", "2", …)."""
+    if cell_id.ndim == 1:
+        return cell_id.astype(np.int64).astype(str).astype(object)
+    if cell_id.ndim == 2 and cell_id.shape[1] == 2:
+        return np.array(xenium_cell_ids(cell_id[:, 0], int(cell_id[0, 1]) if len(cell_id) else 1), dtype=object)
+    raise InputError(f"cell_id has shape {cell_id.shape}; expected (N,) integers (XOA < 1.3) or (N, 2) uint32",
+                     path=path, section=section)
+
+
+def _centroids_from_boundaries(bundle: Bundle, ids: np.ndarray) -> pd.DataFrame:
+    """Each cell's nucleus centroid (µm) from nucleus_boundaries.parquet: the area centroid of its
+    polygon (its largest, where XOA ≥ 2.0 gives a cell several nuclei, told apart by ``label_id``).
+    A polygon's vertices are consecutive rows, as 10x writes them."""
+    path = bundle.file("nucleus_boundaries.parquet")
+    section = bundle.section_id
+    if not path.is_file():
+        raise InputError("cells.zarr.zip has no nucleus centroids (cell_summary lacks nucleus_centroid_x/y) and "
+                         "nucleus_boundaries.parquet, from which they are computed, is missing; re-download the "
+                         "bundle", path=path, section=section)
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise InputError(f"cannot read parquet ({exc}); the file is truncated or corrupt", path=path,
+                         section=section) from None
+    missing = [c for c in ("cell_id", "vertex_x", "vertex_y") if c not in table.column_names]
+    if missing:
+        raise InputError(f"missing columns {missing}", path=path, section=section)
+    frame = pd.DataFrame({"cell_id": _id_strings(table.column("cell_id").to_pandas()),
+                          "x": table.column("vertex_x").to_numpy().astype(np.float64),
+                          "y": table.column("vertex_y").to_numpy().astype(np.float64)})
+    frame["polygon"] = (frame["cell_id"] + "\0" + (table.column("label_id").to_pandas().astype(str)
+                        if "label_id" in table.column_names else "")).to_numpy()
+    try:
+        centroids = polygon_centroids(frame)
+    except ValueError as exc:
+        raise InputError(f"{exc}; the file is not a 10x boundary table", path=path, section=section) from None
+    largest = centroids.sort_values("area", ascending=False, kind="stable").drop_duplicates("cell_id")
+    located = largest.set_index("cell_id").reindex(ids)
+    absent = located["x"].isna()
+    if absent.any():
+        raise InputError(f"{int(absent.sum())} of {len(ids)} cells have no nucleus polygon (e.g. {ids[absent][0]}); "
+                         "the boundaries and cells.zarr.zip come from different runs", path=path, section=section)
+    return pd.DataFrame({"cell_id": ids, "nucleus_x_um": located["x"].to_numpy(),
+                         "nucleus_y_um": located["y"].to_numpy()})
+
+
+def polygon_centroids(vertices: pd.DataFrame) -> pd.DataFrame:
+    """Area centroid and |area| of each polygon of ``vertices`` (columns cell_id, polygon, x, y; a
+    polygon's rows consecutive, closed or not); the vertex mean where the area is 0."""
+    polygon = vertices["polygon"].to_numpy()
+    starts = np.r_[0, np.flatnonzero(polygon[1:] != polygon[:-1]) + 1]
+    if len(starts) != len(pd.unique(polygon)):
+        raise ValueError("the vertices of a polygon are not consecutive rows")
+    lengths = np.diff(np.r_[starts, len(polygon)])
+    group = np.repeat(np.arange(len(starts)), lengths)
+    following = np.arange(1, len(polygon) + 1)
+    following[starts + lengths - 1] = starts  # each polygon's last vertex closes on its first
+    x, y = vertices["x"].to_numpy(), vertices["y"].to_numpy()
+    cross = x * y[following] - x[following] * y
+    area = np.bincount(group, cross) / 2.0
+    cx = np.bincount(group, (x + x[following]) * cross)
+    cy = np.bincount(group, (y + y[following]) * cross)
+    flat = np.abs(area) < 1e-12
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cx, cy = np.where(flat, np.bincount(group, x) / lengths, cx / (6.0 * area)), \
+            np.where(flat, np.bincount(group, y) / lengths, cy / (6.0 * area))
+    return pd.DataFrame({"cell_id": vertices["cell_id"].to_numpy()[starts], "x": cx, "y": cy, "area": np.abs(area)})
 
 
 def _tiff_resolution_mpp(path: Path) -> float | None:
@@ -281,11 +378,11 @@ def _read_cells(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
             f"cell ids of cells.parquet ({len(cells)}) do not match the barcodes of cell_feature_matrix.h5 "
             f"({len(barcodes)}; {unmatched} ids in only one of them, or a different order); the files come from "
             "different runs", path=bundle.file("cells.parquet"), section=section)
-    nuclei = _read_nucleus_centroids(bundle)
+    nuclei, source = _read_nucleus_centroids(bundle)
     if not np.array_equal(nuclei["cell_id"].to_numpy(), cells["cell_id"].to_numpy()):
         raise InputError("cell ids of cells.zarr.zip do not match cells.parquet", path=bundle.file("cells.zarr.zip"),
                          section=section)
-    return cells, nuclei
+    return cells, nuclei.assign(source=source)
 
 
 def build_section_table(bundle: Bundle):
@@ -333,6 +430,8 @@ def build_section_table(bundle: Bundle):
         "alignment_he_to_morphology_px": alignment.tolist(),
         "pixel_size_um": pixel_size,
         "xenium_software": str(experiment.get("analysis_sw_version", "")),
+        "xenium_layout_version": bundle_version(experiment)[1],
+        "nucleus_centroids_from": str(nuclei["source"].iloc[0]),
         "n_cells": int(len(cells)),
         "n_genes": int(table.n_vars),
     }

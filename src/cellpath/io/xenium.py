@@ -14,11 +14,14 @@ The simulator writes with these to produce exactly what a 10x download holds, so
 - ``<prefix>he_imagealignment.csv``: 3×3 affine H&E px → morphology px.
 
 All writers are deterministic: the same inputs give byte-identical files (no timestamps or UUIDs).
+They write one vintage of the bundle, an :class:`XeniumLayout` (``LAYOUTS``): the files differ
+between Xenium Onboard Analysis (XOA) versions, and ingest reads every one of them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -32,12 +35,76 @@ import tifffile
 import zarr
 from scipy import sparse
 
+from cellpath.vocabulary import DEFAULT_XENIUM_LAYOUT
+
 SUMMARY_COLUMNS = (
     "cell_centroid_x", "cell_centroid_y", "cell_area", "nucleus_centroid_x", "nucleus_centroid_y",
     "nucleus_area", "z_level", "nucleus_count",
 )
+SUMMARY_COLUMNS_1X = SUMMARY_COLUMNS[:7]  # XOA 1.x: no nucleus_count
+NUCLEUS_CENTROID_COLUMNS = ("nucleus_centroid_x", "nucleus_centroid_y")
 NUCLEUS_POLYGON_VERTICES = 13
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class XeniumLayout:
+    """One vintage of the Xenium output bundle: how its files differ from today's.
+
+    ``integer_cell_ids``: XOA < 1.3 numbers cells 1, 2, … (cells.parquet, the matrix's barcodes)
+    and stores ``cell_id`` in cells.zarr.zip as a 1-D integer array; from 1.3 ids are strings
+    ("aaabcdef-1") and ``cell_id`` is (N, 2) uint32, prefix and dataset suffix.
+    ``summary_columns``: ``cell_summary``'s columns (1.x: 7, no ``nucleus_count``; from 2.0: 8).
+    ``summary_has_nucleus_centroids``: False for a bundle whose ``cell_summary`` lacks them (ingest
+    then takes them from nucleus_boundaries.parquet). ``boundaries_label_id``: the boundary
+    parquet's ``label_id`` (from 2.0). ``binary_parquet_ids``: cell ids stored as Arrow binary
+    (XOA 1.3-1.4). ``xenium_ranger_version``: the ``xenium_ranger`` block Xenium Ranger adds when it
+    re-segments a bundle, whose version then decides the layout. Sources: spatialdata-io's Xenium
+    reader (its branches on < 1.3 and < 2.0), 10x's "Understanding Xenium Outputs" (cells.zarr.zip:
+    ``cell_id`` uint32, prefix and suffix), SpatialFeatureExperiment (binary ids); decision 0022.
+    """
+
+    analysis_sw_version: str
+    integer_cell_ids: bool = False
+    summary_columns: tuple[str, ...] = SUMMARY_COLUMNS
+    summary_has_nucleus_centroids: bool = True
+    boundaries_label_id: bool = True
+    binary_parquet_ids: bool = False
+    xenium_ranger_version: str | None = None
+    panel_name: str = "cellpath simulated panel"
+
+    def cell_ids(self, prefixes: np.ndarray) -> list[str]:
+        """The bundle's cell ids, as strings (cells.parquet, the matrix's barcodes)."""
+        if self.integer_cell_ids:
+            return [str(i) for i in range(1, len(prefixes) + 1)]
+        return xenium_cell_ids(prefixes)
+
+
+LAYOUTS: dict[str, XeniumLayout] = {
+    "xoa-1.0": XeniumLayout("xenium-1.0.2", integer_cell_ids=True, summary_columns=SUMMARY_COLUMNS_1X,
+                            boundaries_label_id=False),
+    "xoa-1.4": XeniumLayout("xenium-1.4.0.6", summary_columns=SUMMARY_COLUMNS_1X, boundaries_label_id=False,
+                            binary_parquet_ids=True),
+    "xoa-1.9": XeniumLayout("xenium-1.9.0.1", summary_columns=SUMMARY_COLUMNS_1X, boundaries_label_id=False),
+    "xoa-2.0": XeniumLayout("xenium-2.0.0.10"),
+    "xoa-3.0": XeniumLayout("xenium-3.0.0.15"),
+    "xenium-prime-5k": XeniumLayout("xenium-3.1.0.4",
+                                    panel_name="Xenium Prime 5K Human Pan Tissue & Pathways Panel"),
+    "xenium-ranger-3.0": XeniumLayout("xenium-1.6.0.7", summary_columns=SUMMARY_COLUMNS,
+                                      xenium_ranger_version="xenium-3.0.1.1"),
+}
+DEFAULT_LAYOUT = LAYOUTS[DEFAULT_XENIUM_LAYOUT]
+_VERSION = re.compile(r"^[xX]enium-(\d+)\.(\d+)\.(\d+)")
+
+
+def bundle_version(experiment: dict) -> tuple[tuple[int, int, int] | None, str]:
+    """The (major, minor, patch) that decides a bundle's layout and the string it came from:
+    Xenium Ranger's ``xenium_ranger.version`` when the bundle was re-segmented, else
+    ``analysis_sw_version`` ("xenium-1.0.2"); None when neither parses (read as today's layout)."""
+    ranger = experiment.get("xenium_ranger")
+    text = str(ranger.get("version", "")) if isinstance(ranger, dict) else str(experiment.get("analysis_sw_version", ""))
+    match = _VERSION.match(text)
+    return (tuple(int(g) for g in match.groups()) if match else None), text
 
 
 def xenium_cell_ids(prefixes: np.ndarray, dataset_suffix: int = 1) -> list[str]:
@@ -60,14 +127,16 @@ class BundleCells:
     counts: sparse.csr_matrix  # cells × features
     feature_names: tuple[str, ...]
     feature_types: tuple[str, ...]
+    layout: XeniumLayout = DEFAULT_LAYOUT
 
     @property
     def cell_ids(self) -> list[str]:
-        return xenium_cell_ids(self.id_prefix)
+        return self.layout.cell_ids(self.id_prefix)
 
 
 def write_experiment(path: Path, *, run_name: str, region_name: str, n_cells: int, panel_name: str,
-                     n_targets: int, pixel_size_um: float, median_transcripts: float) -> None:
+                     n_targets: int, pixel_size_um: float, median_transcripts: float,
+                     layout: XeniumLayout = DEFAULT_LAYOUT) -> None:
     meta = {
         "major_version": 5,
         "minor_version": 0,
@@ -88,7 +157,7 @@ def write_experiment(path: Path, *, run_name: str, region_name: str, n_cells: in
         "pixel_size": float(pixel_size_um),
         "instrument_sn": "simulated",
         "instrument_sw_version": "3.0.0.15",
-        "analysis_sw_version": "xenium-3.0.0.15",
+        "analysis_sw_version": layout.analysis_sw_version,
         "experiment_uuid": "00000000-0000-0000-0000-000000000000",
         "cassette_uuid": "00000000-0000-0000-0000-000000000000",
         "roi_uuid": "00000000-0000-0000-0000-000000000000",
@@ -97,6 +166,8 @@ def write_experiment(path: Path, *, run_name: str, region_name: str, n_cells: in
         "calibration_uuid": "N/A",
         "images": {"morphology_filepath": "morphology.ome.tif", "morphology_focus_filepath": "morphology_focus/"},
     }
+    if layout.xenium_ranger_version is not None:
+        meta["xenium_ranger"] = {"version": layout.xenium_ranger_version, "segmentation": "resegment"}
     path.write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -110,7 +181,7 @@ def write_feature_matrix(path: Path, cells: BundleCells, genome: str = "GRCh38")
         f.attrs["filetype"] = "matrix"
         f.attrs["library_ids"] = np.array([b"id1"])
         f.attrs["original_gem_groups"] = np.array([1])
-        f.attrs["software_version"] = "xenium-3.0.0.15"
+        f.attrs["software_version"] = cells.layout.xenium_ranger_version or cells.layout.analysis_sw_version
         f.attrs["version"] = 2
         g = f.create_group("matrix")
 
@@ -144,7 +215,7 @@ def write_cells_parquet(path: Path, cells: BundleCells) -> None:
         return np.asarray(counts[:, np.flatnonzero(mask)].sum(axis=1)).ravel().astype(np.int64)
 
     table = pa.table({
-        "cell_id": pa.array(cells.cell_ids, type=pa.string()),
+        "cell_id": _id_column(cells.cell_ids, cells.layout),
         "x_centroid": pa.array(cells.cell_xy_um[:, 0], type=pa.float64()),
         "y_centroid": pa.array(cells.cell_xy_um[:, 1], type=pa.float64()),
         "transcript_counts": pa.array(gene_totals.astype(np.int64)),
@@ -162,6 +233,15 @@ def write_cells_parquet(path: Path, cells: BundleCells) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
+def _id_column(ids: list[str], layout: XeniumLayout) -> pa.Array:
+    """A parquet cell_id column of the layout: int64, Arrow binary or (today) Arrow string."""
+    if layout.integer_cell_ids:
+        return pa.array(np.array(ids, dtype=np.int64))
+    if layout.binary_parquet_ids:
+        return pa.array([i.encode() for i in ids], type=pa.binary())
+    return pa.array(ids, type=pa.string())
+
+
 def write_nucleus_boundaries(path: Path, cells: BundleCells) -> None:
     """Nucleus outlines as closed 13-vertex polygons (first vertex repeated), µm."""
     k = NUCLEUS_POLYGON_VERTICES
@@ -172,33 +252,41 @@ def write_nucleus_boundaries(path: Path, cells: BundleCells) -> None:
     u, v = a * np.cos(theta)[None, :], b * np.sin(theta)[None, :]
     x = cells.nucleus_xy_um[:, :1] + u * c - v * s
     y = cells.nucleus_xy_um[:, 1:] + u * s + v * c
-    ids = np.repeat(np.array(cells.cell_ids, dtype=object), k + 1)
-    table = pa.table({
-        "cell_id": pa.array(ids, type=pa.string()),
+    ids = list(np.repeat(np.array(cells.cell_ids, dtype=object), k + 1))
+    columns = {
+        "cell_id": _id_column(ids, cells.layout),
         "vertex_x": pa.array(x.ravel().astype(np.float32)),
         "vertex_y": pa.array(y.ravel().astype(np.float32)),
-        "label_id": pa.array(np.repeat(np.arange(1, len(x) + 1, dtype=np.uint32), k + 1)),
-    })
-    pq.write_table(table, path, compression="zstd")
+    }
+    if cells.layout.boundaries_label_id:
+        columns["label_id"] = pa.array(np.repeat(np.arange(1, len(x) + 1, dtype=np.uint32), k + 1))
+    pq.write_table(pa.table(columns), path, compression="zstd")
 
 
 def write_cells_zarr_zip(path: Path, cells: BundleCells) -> None:
     """cells.zarr.zip: a zarr v2 group zipped with fixed timestamps and sorted members."""
-    summary = np.column_stack([
-        cells.cell_xy_um, cells.cell_area, cells.nucleus_xy_um, cells.nucleus_area,
-        np.zeros(len(cells.cell_area)), np.ones(len(cells.cell_area)),
-    ]).astype(np.float64)
-    cell_id = np.column_stack([cells.id_prefix.astype(np.uint32), np.ones(len(cells.id_prefix), dtype=np.uint32)])
+    layout = cells.layout
+    n = len(cells.cell_area)
+    values = {"cell_centroid_x": cells.cell_xy_um[:, 0], "cell_centroid_y": cells.cell_xy_um[:, 1],
+              "cell_area": cells.cell_area, "nucleus_centroid_x": cells.nucleus_xy_um[:, 0],
+              "nucleus_centroid_y": cells.nucleus_xy_um[:, 1], "nucleus_area": cells.nucleus_area,
+              "z_level": np.zeros(n), "nucleus_count": np.ones(n)}
+    names = [c for c in layout.summary_columns
+             if layout.summary_has_nucleus_centroids or c not in NUCLEUS_CENTROID_COLUMNS]
+    summary = np.column_stack([values[c] for c in names]).astype(np.float64)
+    if layout.integer_cell_ids:
+        cell_id = np.arange(1, n + 1, dtype=np.uint32)
+    else:
+        cell_id = np.column_stack([cells.id_prefix.astype(np.uint32), np.ones(n, dtype=np.uint32)])
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         root = zarr.open_group(store=tmp, mode="w", zarr_format=2)
         root.attrs["major_version"] = 5
         root.attrs["minor_version"] = 0
         root.attrs["number_cells"] = int(len(cell_id))
-        root.create_array("cell_id", data=cell_id, chunks=(max(1, min(len(cell_id), 100_000)), 2),
-                          compressors=None)
-        arr = root.create_array("cell_summary", data=summary, chunks=(max(1, min(len(summary), 100_000)), 8),
-                                compressors=None)
-        arr.attrs["column_names"] = list(SUMMARY_COLUMNS)
+        rows = max(1, min(len(cell_id), 100_000))
+        root.create_array("cell_id", data=cell_id, chunks=(rows, *cell_id.shape[1:]), compressors=None)
+        arr = root.create_array("cell_summary", data=summary, chunks=(rows, len(names)), compressors=None)
+        arr.attrs["column_names"] = names
         members = sorted(p for p in Path(tmp).rglob("*") if p.is_file())
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
             for member in members:

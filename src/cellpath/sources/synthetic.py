@@ -108,9 +108,10 @@ def _write_bundle(out_dir: Path, section_id: str, prefix: str, cells: xb.BundleC
                   rgb: np.ndarray, he_mpp: float, he_to_morphology_px: np.ndarray) -> None:
     """The section's Xenium outputs and registered H&E (µm/px ``he_mpp``), as a 10x download names them."""
     xb.write_experiment(out_dir / "experiment.xenium", run_name=f"simulated {section_id}",
-                        region_name=section_id, n_cells=len(cells.cell_ids), panel_name="cellpath simulated panel",
+                        region_name=section_id, n_cells=len(cells.cell_ids), panel_name=cells.layout.panel_name,
                         n_targets=len(panel.genes), pixel_size_um=XENIUM_PIXEL_SIZE_UM,
-                        median_transcripts=float(np.median(np.asarray(cells.counts.sum(axis=1)))))
+                        median_transcripts=float(np.median(np.asarray(cells.counts.sum(axis=1)))),
+                        layout=cells.layout)
     xb.write_feature_matrix(out_dir / "cell_feature_matrix.h5", cells)
     xb.write_cells_parquet(out_dir / "cells.parquet", cells)
     xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
@@ -153,7 +154,7 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
         id_prefix=prefixes, cell_xy_um=cell_centre, nucleus_xy_um=measured_nucleus, cell_area=cell_area,
         nucleus_area=draws.nucleus_area, nucleus_axes_um=np.column_stack([draws.major, draws.minor]),
         nucleus_angle=layout.orientation, counts=counts, feature_names=panel.feature_names,
-        feature_types=panel.feature_types,
+        feature_types=panel.feature_types, layout=xb.LAYOUTS[section.xenium_layout],
     )
     prefix = f"{section.section_id}_"
     _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, config.he_mpp, registration.he_to_morph)
