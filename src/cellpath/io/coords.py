@@ -21,17 +21,24 @@ XENIUM_PIXEL_SIZE_UM = 0.2125
 
 
 def parse_alignment_csv(path: Path, section: str | None = None) -> np.ndarray:
+    """The 3×3 affine H&E level-0 px → Xenium morphology px of an alignment file (see :func:`read_alignment`)."""
+    return read_alignment(path, section)[0]
+
+
+def read_alignment(path: Path, section: str | None = None) -> tuple[np.ndarray, str]:
     """Read a 10x H&E alignment CSV: three comma-separated rows, no header, a 3×3 affine.
 
-    Returns the matrix mapping H&E level-0 px → Xenium morphology px. The file is read as
+    Returns the matrix mapping H&E level-0 px → Xenium morphology px and the file's kind,
+    ``"matrix"`` or ``"keypoints"``. The file is read as
     ``pandas.read_csv(header=None)`` reads it (spatialdata-io's reader does the same): a UTF-8 BOM,
     CRLF line ends, quoted numbers and spaces around them are accepted. Raises InputError for a
     malformed, non-finite, non-affine or singular matrix. Keypoint exports (Xenium Explorer ≥ 2:
-    columns fixedX, fixedY, alignmentX, alignmentY) are fitted to an affine by least squares.
+    columns fixedX, fixedY, alignmentX, alignmentY) are fitted to an affine by least squares, with
+    ``fixed*`` read as morphology px (:func:`check_alignment_scale` tells µm from px).
     """
     table = _read_cells(path, section)
     if len(table) and "fixedX" in table[0]:
-        return _affine_from_keypoints(table, path, section)
+        return _affine_from_keypoints(table, path, section), "keypoints"
     try:
         rows = [[float(v) for v in row] for row in table]
     except ValueError:
@@ -46,7 +53,7 @@ def parse_alignment_csv(path: Path, section: str | None = None) -> np.ndarray:
             f"{[len(r) for r in rows]}", path=path, section=section,
         )
     _check_affine(matrix, path, section)
-    return matrix
+    return matrix, "matrix"
 
 
 def _read_cells(path: Path, section: str | None) -> list[list[str]]:
@@ -90,6 +97,31 @@ def _affine_from_keypoints(table: list[list[str]], path: Path, section: str | No
     matrix[:2, :] = solution.T
     _check_affine(matrix, path, section)
     return matrix
+
+
+ALIGNMENT_SCALE_TOLERANCE = 0.1  # relative: the alignment's scale against the two images' pixel sizes
+
+
+def check_alignment_scale(matrix: np.ndarray, kind: str, he_mpp: float, pixel_size_um: float, path: Path,
+                          section: str | None = None) -> tuple[np.ndarray, str]:
+    """The alignment checked against the images it links, and how its units were read.
+
+    An affine H&E px → morphology px scales by √|det| ≈ ``he_mpp / pixel_size_um`` (µm per H&E px
+    over µm per morphology px). A keypoint export whose fixed points are in µm instead fits a scale
+    ≈ ``he_mpp``: 10x's documentation found here does not say which units ``fixedX/fixedY`` carry,
+    so the two readings — a factor 1/``pixel_size_um`` (4.7×) apart — are told apart by the data and
+    µm are converted to morphology px. Any other scale is an InputError naming the file.
+    """
+    scale = float(np.sqrt(abs(np.linalg.det(matrix[:2, :2]))))
+    expected = he_mpp / pixel_size_um
+    if abs(scale / expected - 1) <= ALIGNMENT_SCALE_TOLERANCE:
+        return matrix, kind if kind == "matrix" else "keypoints (fixed in morphology px)"
+    if kind == "keypoints" and abs(scale / he_mpp - 1) <= ALIGNMENT_SCALE_TOLERANCE:
+        return np.diag([1 / pixel_size_um, 1 / pixel_size_um, 1.0]) @ matrix, "keypoints (fixed in µm, converted)"
+    raise InputError(
+        f"the alignment scales H&E px by {scale:.4g} but the images need {expected:.4g} (H&E {he_mpp:g} µm/px ÷ "
+        f"morphology {pixel_size_um:g} µm/px, ±{ALIGNMENT_SCALE_TOLERANCE:.0%}); it belongs to another image, or the "
+        "H&E's pixel size (OME PhysicalSizeX) is wrong", path=path, section=section)
 
 
 def _check_affine(matrix: np.ndarray, path: Path, section: str | None) -> None:

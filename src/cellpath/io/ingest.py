@@ -30,7 +30,7 @@ import zarr
 
 from cellpath.errors import InputError
 from cellpath.io.atomic import atomic_output
-from cellpath.io.coords import parse_alignment_csv, um_to_he_px
+from cellpath.io.coords import check_alignment_scale, read_alignment, um_to_he_px
 from cellpath.io.wsi import open_slide
 from cellpath.io.xenium import (NUCLEUS_CENTROID_COLUMNS, SUMMARY_COLUMNS, SUMMARY_COLUMNS_1X, bundle_version,
                                 xenium_cell_ids)
@@ -390,9 +390,11 @@ def build_section_table(bundle: Bundle):
     section = bundle.section_id
     experiment = _read_experiment(bundle)
     cells, nuclei = _read_cells(bundle)
-    alignment = parse_alignment_csv(bundle.he_alignment, section)
+    alignment, kind = read_alignment(bundle.he_alignment, section)
     he_mpp, (width, height) = _read_he_geometry(bundle)
     pixel_size = float(experiment["pixel_size"])
+    alignment, alignment_read_as = check_alignment_scale(alignment, kind, he_mpp, pixel_size, bundle.he_alignment,
+                                                         section)
     nucleus_um = nuclei[["nucleus_x_um", "nucleus_y_um"]].to_numpy(dtype=float)
     if not np.all(np.isfinite(nucleus_um)):
         raise InputError(f"{int((~np.isfinite(nucleus_um)).any(axis=1).sum())} cells have non-finite nucleus "
@@ -428,6 +430,7 @@ def build_section_table(bundle: Bundle):
         "he_width_px": width,
         "he_height_px": height,
         "alignment_he_to_morphology_px": alignment.tolist(),
+        "alignment_read_as": alignment_read_as,
         "pixel_size_um": pixel_size,
         "xenium_software": str(experiment.get("analysis_sw_version", "")),
         "xenium_layout_version": bundle_version(experiment)[1],

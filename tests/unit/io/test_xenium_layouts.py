@@ -135,3 +135,42 @@ def test_polygon_centroids_are_area_centroids_and_the_largest_nucleus_is_a_cells
 ])
 def test_the_version_that_decides_the_layout(experiment, expected):
     assert bundle_version(experiment)[0] == expected
+
+
+# ------------------------------------------------------------------ Xenium Explorer keypoint exports
+
+
+def _keypoints_instead_of_the_matrix(folder, *, fixed_in_um: bool, pixel_size: float = 0.2125) -> None:
+    """Replace the section's alignment matrix by a keypoint export of the same registration: four
+    H&E px points (alignmentX/Y) and where the matrix sends them (fixedX/Y), in morphology px or µm."""
+    path = next(folder.glob("*he_imagealignment.csv"))
+    matrix = np.loadtxt(path, delimiter=",")
+    he = np.array([[100.0, 80.0], [1500.0, 120.0], [200.0, 1400.0], [1300.0, 1250.0]])
+    fixed = (np.column_stack([he, np.ones(4)]) @ matrix.T)[:, :2] * (pixel_size if fixed_in_um else 1.0)
+    rows = [f"{f[0]:.6f},{f[1]:.6f},{h[0]},{h[1]}" for f, h in zip(fixed, he)]
+    path.write_text("fixedX,fixedY,alignmentX,alignmentY\n" + "\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize(("fixed_in_um", "read_as"), [(False, "keypoints (fixed in morphology px)"),
+                                                       (True, "keypoints (fixed in µm, converted)")])
+def test_keypoint_units_are_told_apart_by_the_images_pixel_sizes(vintages, tmp_path, fixed_in_um, read_as):
+    source = vintages / SECTIONS["xoa-3.0"]
+    expected_meta, expected = _ingest(source, tmp_path / "matrix")
+    folder = tmp_path / "raw" / source.name
+    shutil.copytree(source, folder)
+    _keypoints_instead_of_the_matrix(folder, fixed_in_um=fixed_in_um)
+    meta, table = _ingest(folder, tmp_path / "keypoints")
+    assert (expected_meta["alignment_read_as"], meta["alignment_read_as"]) == ("matrix", read_as)
+    np.testing.assert_allclose(table.obsm["nucleus_he_px"], expected.obsm["nucleus_he_px"], atol=1e-3)
+
+
+def test_an_alignment_of_another_scale_is_refused(vintages, tmp_path):
+    folder = tmp_path / "raw" / SECTIONS["xoa-3.0"]
+    shutil.copytree(vintages / SECTIONS["xoa-3.0"], folder)
+    path = next(folder.glob("*he_imagealignment.csv"))
+    matrix = np.loadtxt(path, delimiter=",")
+    matrix[:2, :2] *= 2.0  # the alignment of an H&E scanned at half the resolution
+    path.write_text("\n".join(",".join(f"{v:.9g}" for v in row) for row in matrix) + "\n")
+    with pytest.raises(InputError, match=r"he_imagealignment\.csv: the alignment scales H&E px by 2\.57\d* but the "
+                                         r"images need 1\.28\d* \(H&E 0\.2738 µm/px ÷ morphology 0\.2125 µm/px"):
+        ingest_section(folder, tmp_path / "sections")
