@@ -176,7 +176,44 @@ def _check_references(params: Params, data_dir: Path, sections: list[PlannedSect
             problems.append(Problem(f"annotate.label_column: {cfg.label_column!r}",
                                     f"not a column of {path} (obs columns: {', '.join(columns)})"
                                     f"{_close(cfg.label_column, columns)}"))
+        if columns is not None and (problem := _counts_problem(path, cfg.reference_counts)) is not None:
+            problems.append(Problem(f"annotate.reference_counts: {cfg.reference_counts!r}", f"{path}: {problem}"))
     return problems
+
+
+COUNT_SAMPLE = 100_000  # values read from the start of a reference's counts to tell counts from normalised data
+
+
+def _counts_problem(path: Path, source: str) -> str | None:
+    """Why the reference's counts at ``source`` are not raw counts (annotate would refuse them), from
+    the first ``COUNT_SAMPLE`` stored values; None when they are whole numbers (or unreadable here:
+    annotate then names the problem). Read with h5py, without loading the matrix."""
+    import h5py
+    import numpy as np
+
+    try:
+        with h5py.File(path, "r") as handle:
+            layers = sorted(handle["layers"].keys()) if "layers" in handle else []
+            places = [f"layers/{name}" for name in layers] + (["raw"] if "raw" in handle else [])
+            if source == "auto":
+                source = "layers/counts" if "counts" in layers else "X"
+            key = {"X": "X", "raw": "raw/X"}.get(source, source)
+            if key not in handle:
+                return f"it has no {source} (it has X{''.join(', ' + p for p in places)})"
+            node = handle[key]
+            if isinstance(node, h5py.Group):  # a sparse matrix: its stored values
+                values = node["data"][:COUNT_SAMPLE]
+            else:  # dense: the first rows
+                values = node[:max(1, COUNT_SAMPLE // max(1, node.shape[-1]))]
+    except (OSError, KeyError, TypeError):
+        return None
+    values = np.asarray(values, dtype=np.float64).ravel()
+    fractional = np.abs(values - np.rint(values)) > 1e-6
+    if not fractional.any():
+        return None
+    return (f"{source} holds values that are not whole numbers (e.g. {values[np.argmax(fractional)]:.4g}): normalised "
+            f"or log-transformed data, not raw counts; set annotate.reference_counts to where the counts are "
+            f"(it has {', '.join(['X', *places])}) — annotate would stop")
 
 
 def _obs_columns(path: Path) -> list[str] | None:

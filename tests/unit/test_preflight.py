@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import sparse
 
 from cellpath.config import params_problems, parse_params
 from cellpath.preflight import check_params, check_project
@@ -180,6 +181,25 @@ def test_10x_references_must_exist_and_hold_the_label_column(project):
                         "(obs columns: celltype); did you mean 'celltype'?"]
     (project / "data" / "references" / "lung.h5ad").write_bytes(b"not hdf5")
     assert "cannot read the reference's obs" in _messages(check_params(params, project, Path("data")))[0]
+
+
+def test_10x_references_must_hold_raw_counts_where_annotate_reference_counts_says(project):
+    _write_manifest(project / "manifest.csv", with_urls=True)
+    references = project / "data" / "references"
+    references.mkdir(parents=True)
+    counts = np.array([[3.0, 0.0], [1.0, 7.0], [0.0, 2.0]], dtype=np.float32)
+    logged = ad.AnnData(np.log1p(counts), obs=pd.DataFrame({"cell_type": ["a", "b", "c"]}, index=["c1", "c2", "c3"]),
+                        layers={"raw_counts": sparse.csr_matrix(counts)})
+    logged.write_h5ad(references / "lung.h5ad")
+    logged.write_h5ad(references / "liver.h5ad")
+    problems = _messages(check_params(_tenx(project), project, Path("data")))
+    assert problems == [f"annotate.reference_counts: 'auto': {references}/{organ}.h5ad: X holds values that are not "
+                        "whole numbers (e.g. 1.386): normalised or log-transformed data, not raw counts; set "
+                        "annotate.reference_counts to where the counts are (it has X, layers/raw_counts) — "
+                        "annotate would stop" for organ in ("liver", "lung")], problems
+    assert check_params(_tenx(project, annotate={"reference_counts": "layers/raw_counts"}), project, Path("data")) == []
+    assert "it has no layers/counts (it has X, layers/raw_counts)" in _messages(check_params(
+        _tenx(project, annotate={"reference_counts": "layers/counts"}), project, Path("data")))[0]
 
 
 def test_schema_problems_of_several_passes_are_all_listed():
