@@ -164,7 +164,7 @@ def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.dev
         module = build_timm_module(spec)
     state = read_state_dict(found.path, spec)
     if spec.lora is not None:
-        base = lora_base_weights(spec, state, found.path, weights_dir, hf_cache_dir)
+        base = lora_base_weights(spec, state, found.path, module, weights_dir, hf_cache_dir)
         base_state = None if base is None else read_state_dict(base.path, spec.lora.base_row)
         wrapped, state = wrap_for_lora_checkpoint(module, state, spec, found.path, base_state)
         load_weights_strict(wrapped, state, spec, found.path)
@@ -177,12 +177,10 @@ def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.dev
     return module, found.revision
 
 
-def lora_base_weights(spec: EncoderSpec, state: dict[str, torch.Tensor], path: Path, weights_dir: Path,
-                      hf_cache_dir: Path | None) -> WeightsFile | None:
+def lora_base_weights(spec: EncoderSpec, state: dict[str, torch.Tensor], path: Path, architecture: nn.Module,
+                      weights_dir: Path, hf_cache_dir: Path | None) -> WeightsFile | None:
     """None when the LoRA checkpoint ``state`` (read from ``path``) holds every weight of the row's
-    architecture; else the ``lora.base`` row's checkpoint, which supplies the rest."""
-    with torch.device("meta"):  # the key names only
-        architecture = build_timm_module(spec)
+    ``architecture``; else the ``lora.base`` row's checkpoint, which supplies the rest."""
     if holds_every_weight(state, architecture, spec.lora.adapter):
         return None
     if spec.lora.base_row is None:
@@ -198,7 +196,10 @@ def weights_revision(spec: EncoderSpec, found: WeightsFile, weights_dir: Path, h
     (a LoRA row's names its base's too when the base supplies weights)."""
     if spec.lora is None:
         return found.revision
-    base = lora_base_weights(spec, read_state_dict(found.path, spec), found.path, weights_dir, hf_cache_dir)
+    with torch.device("meta"):  # the key names only
+        architecture = build_timm_module(spec)
+    base = lora_base_weights(spec, read_state_dict(found.path, spec), found.path, architecture, weights_dir,
+                             hf_cache_dir)
     return _lora_revision(spec, found, base)
 
 

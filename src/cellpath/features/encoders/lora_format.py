@@ -77,6 +77,8 @@ def wrap_for_lora_checkpoint(module: nn.Module, state: dict[str, torch.Tensor], 
 def holds_every_weight(state: dict[str, torch.Tensor], module: nn.Module, adapter: str) -> bool:
     """Whether the LoRA checkpoint ``state`` carries all of ``module``'s weights (else a base is needed)."""
     adapted = adapted_modules(state, adapter)
-    needed = [f"{key.removesuffix('.weight').removesuffix('.bias')}{BASE_LAYER}{key.rsplit('.', 1)[1]}"
-              if key.rsplit(".", 1)[0] in adapted else key for key in module.state_dict()]
-    return all(key in state for key in needed)
+    for key in module.state_dict():
+        owner, _, leaf = key.rpartition(".")
+        if (f"{owner}{BASE_LAYER}{leaf}" if owner in adapted else key) not in state:
+            return False
+    return True
