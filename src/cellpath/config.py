@@ -123,6 +123,12 @@ class AnnotateConfig(_Strict):
     min_cells_per_coarse_class: Annotated[int, Field(ge=1)] = 10
     marker_min_cells: Annotated[int, Field(ge=2)] = 10
     marker_min_log_fold_change: Annotated[float, Field(ge=0.0)] = 0.25
+    #: reference coverage (annotation/coverage.py): a cell whose smoothed profile correlates below
+    #: this with every reference type is unmatched; a section with a larger unmatched share is flagged
+    coverage_min_similarity: Annotated[float, Field(ge=-1.0, le=1.0)] = 0.15
+    coverage_max_unmatched: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
+    coverage_neighbours: Annotated[int, Field(ge=1, le=200)] = 15
+    coverage_max_cells: Annotated[int, Field(ge=100)] = 20000
 
 
 class ConcordanceConfig(_Strict):

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import f1_score
 
+from cellpath.annotation.coverage import Coverage
 from cellpath.annotation.ontology import COARSE_CLASSES, FINE_CLASSES, cell_type
 from cellpath.annotation.transfer import Transferred
 
@@ -33,8 +34,10 @@ def label_frame(section_id: str, cell_ids: np.ndarray, transferred: Transferred)
     }, columns=list(LABEL_COLUMNS))
 
 
-def section_summary(labels: pd.DataFrame, *, organ: str, reference: str, min_cells_per_coarse_class: int) -> dict:
-    """Counts per class, the "types → fine → coarse" mapping string, and the exclusion decision."""
+def section_summary(labels: pd.DataFrame, *, organ: str, reference: str, min_cells_per_coarse_class: int,
+                    coverage: Coverage, max_unmatched: float) -> dict:
+    """Counts per class, the "types → fine → coarse" mapping string, the exclusion decision, and the
+    reference coverage (flagged, not excluded, when the unmatched share exceeds ``max_unmatched``)."""
     eligible = labels[labels["eligible"]]
     fine_counts = eligible["fine"].value_counts()
     coarse_counts = eligible["coarse"].value_counts()
@@ -53,6 +56,11 @@ def section_summary(labels: pd.DataFrame, *, organ: str, reference: str, min_cel
         "excluded": len(valid_coarse) < 2,
         "exclusion_reason": "" if len(valid_coarse) >= 2 else
         f"{len(valid_coarse)} valid Tcoarse class(es) (< 2 with ≥ {min_cells_per_coarse_class} eligible cells)",
+        "coverage_cells_scored": coverage.n_scored,
+        "coverage_unmatched": round(coverage.share_unmatched, 4),
+        "coverage_unmatched_low": round(coverage.share_low, 4),
+        "coverage_unmatched_high": round(coverage.share_high, 4),
+        "poor_reference_coverage": bool(coverage.share_unmatched > max_unmatched),
     }
     summary |= {f"fine:{c}": int(fine_counts.get(c, 0)) for c in FINE_CLASSES}
     summary |= {f"coarse:{c}": int(coarse_counts.get(c, 0)) for c in COARSE_CLASSES}

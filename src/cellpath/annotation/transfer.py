@@ -21,6 +21,7 @@ import scanpy as sc
 from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 
+from cellpath.annotation.coverage import type_centroids
 from cellpath.annotation.ontology import ONTOLOGY_VOCABULARY, map_reference_labels
 from cellpath.errors import InputError
 
@@ -137,12 +138,14 @@ class GeneScaler:
 
 @dataclass(frozen=True)
 class TransferModel:
-    """A classifier fitted on a reference over a fixed, ordered gene list."""
+    """A classifier fitted on a reference over a fixed, ordered gene list, and each class's mean
+    z-scored profile (``centroids``, classes × genes, in ``classes`` order)."""
 
     reference: str
     genes: tuple[str, ...]
     scaler: GeneScaler
     classifier: LogisticRegression
+    centroids: np.ndarray
 
     @property
     def classes(self) -> np.ndarray:
@@ -161,11 +164,20 @@ def fit_transfer(reference: Reference, panel_genes: tuple[str, ...], *, regulari
             section=section)
     logged = log_normalise(reference.counts[:, [ref_index[g] for g in shared]])
     scaler = GeneScaler.fit(logged)
+    scaled, labels = scaler.transform(logged), reference.labels.astype(str)
     classifier = LogisticRegression(C=regularisation_c, class_weight="balanced", max_iter=2000, tol=1e-4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny references
-        classifier.fit(scaler.transform(logged), reference.labels.astype(str))
-    return TransferModel(reference.name, shared, scaler, classifier)
+        classifier.fit(scaled, labels)
+    return TransferModel(reference.name, shared, scaler, classifier,
+                         type_centroids(scaled, labels, classifier.classes_))
+
+
+def reference_space(model: TransferModel, counts: sparse.spmatrix, panel_genes: tuple[str, ...]) -> np.ndarray:
+    """A section's cells (``counts``: cells × ``panel_genes``) log-normalised on the model's genes and
+    z-scored with the reference's per-gene mean and SD (cells × model genes, float32)."""
+    index = {g: i for i, g in enumerate(panel_genes)}
+    return model.scaler.transform(log_normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]]))
 
 
 @dataclass(frozen=True)
@@ -177,12 +189,9 @@ class Transferred:
     label: np.ndarray  # predicted, or "Uncertain cell" below the confidence threshold
 
 
-def transfer_labels(model: TransferModel, counts: sparse.spmatrix, panel_genes: tuple[str, ...],
-                    confidence_threshold: float) -> Transferred:
-    """Predict every cell of a section (``counts``: cells × ``panel_genes``)."""
-    index = {g: i for i, g in enumerate(panel_genes)}
-    logged = log_normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]])
-    probabilities = model.classifier.predict_proba(model.scaler.transform(logged))
+def transfer_labels(model: TransferModel, projected: np.ndarray, confidence_threshold: float) -> Transferred:
+    """Predict every cell of a section (``projected``: its :func:`reference_space` profiles)."""
+    probabilities = model.classifier.predict_proba(projected)
     best = probabilities.argmax(axis=1)
     predicted = model.classes[best].astype(object)
     confidence = probabilities[np.arange(len(best)), best]

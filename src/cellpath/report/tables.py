@@ -288,7 +288,8 @@ def display_counts(counts: pd.DataFrame) -> pd.DataFrame:
 def panel_table(panels: pd.DataFrame) -> pd.DataFrame:
     """The candidate sections ranked by AGR-BAcc, with cell counts and panel membership."""
     panel_columns = sorted((c for c in panels.columns if re.fullmatch(r"S\d+", c)), key=lambda c: int(c[1:]))
-    columns = ["rank", "section_id", "organ", "score", "cells", "n_matched", "excluded_by_annotation", *panel_columns]
+    columns = ["rank", "section_id", "organ", "score", "cells", "n_matched", "reference_unmatched",
+               "poor_reference_coverage", "excluded_by_annotation", *panel_columns]
     return panels[[c for c in columns if c in panels.columns]].sort_values("rank").rename(columns={"score": "AGR-BAcc"})
 
 

@@ -1,5 +1,6 @@
-"""annotate: labels per section (68 types, Tfine, Tcoarse, eligibility), the per-section summary,
-marker QC, and for simulated sections the transfer's accuracy against the simulator's truth."""
+"""annotate: labels per section (68 types, Tfine, Tcoarse, eligibility), the per-section summary
+(with the reference's coverage of the section), marker QC, and for simulated sections the
+transfer's accuracy against the simulator's truth."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ def _reference_path(params: Params, data_dir: Path, section_id: str, organ: str)
 
 def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
     """annotate: labels per section, the per-section summary, marker QC, and (simulated) accuracy."""
+    from cellpath.annotation.coverage import coverage, neighbourhood_similarity, scored_cells
     from cellpath.annotation.labels import against_truth, label_frame, section_summary
     from cellpath.annotation.marker_qc import marker_enrichment
-    from cellpath.annotation.transfer import UNCERTAIN, check_counts, fit_transfer, load_reference, transfer_labels
+    from cellpath.annotation.transfer import (UNCERTAIN, check_counts, fit_transfer, load_reference, reference_space,
+                                              transfer_labels)
 
     cfg = params.annotate
     index = read_section_index(data_dir)
@@ -57,20 +60,34 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
             if key not in models:
                 models[key] = fit_transfer(reference, genes, regularisation_c=cfg.regularisation_c,
                                            min_shared_genes=cfg.min_shared_genes, section=section_id)
-            transferred = transfer_labels(models[key], counts, genes, cfg.confidence_threshold)
+            projected = reference_space(models[key], counts, genes)
+            transferred = transfer_labels(models[key], projected, cfg.confidence_threshold)
             labels = label_frame(section_id, table.obs_names.to_numpy(), transferred)
             labels.to_parquet(out / f"{section_id}.parquet", index=False)
+            scored = scored_cells(len(labels), cfg.coverage_max_cells)
+            covered = coverage(neighbourhood_similarity(projected, models[key].centroids, scored,
+                                                        n_neighbours=cfg.coverage_neighbours),
+                               cfg.coverage_min_similarity)
             summary = section_summary(labels, organ=row.organ, reference=reference.name,
-                                      min_cells_per_coarse_class=cfg.min_cells_per_coarse_class)
+                                      min_cells_per_coarse_class=cfg.min_cells_per_coarse_class, coverage=covered,
+                                      max_unmatched=cfg.coverage_max_unmatched)
             summaries.append(summary)
+            if summary["poor_reference_coverage"]:
+                log.warning("annotate %s: POOR REFERENCE COVERAGE: %.1f%% of %d scored cells (95%% CI %.1f–%.1f%%) "
+                            "resemble no type of reference %r (similarity < %.2f; flagged above %.0f%%); types the "
+                            "reference lacks are labelled as its nearest types. Review the section or use a "
+                            "reference that covers it", section_id, 100 * covered.share_unmatched, covered.n_scored,
+                            100 * covered.share_low, 100 * covered.share_high, reference.name,
+                            cfg.coverage_min_similarity, 100 * cfg.coverage_max_unmatched)
             qc = marker_enrichment(labels["type_68"].to_numpy(), counts, genes, min_cells=cfg.marker_min_cells,
                                    min_log_fold_change=cfg.marker_min_log_fold_change, skip=(UNCERTAIN,))
             qc_tables.append(qc.assign(section_id=section_id))
             truth_path = raw_dir(data_dir) / section_id / "simulation_truth.parquet"
             if truth_path.is_file():
                 truth_rows.append(against_truth(labels, pd.read_parquet(truth_path)))
-            log.info("annotate %s: %d cells, %d eligible, %d uncertain, mapping %s%s", section_id,
-                     summary["n_cells"], summary["n_eligible"], summary["n_uncertain"], summary["mapping"],
+            log.info("annotate %s: %d cells, %d eligible, %d uncertain, %.1f%% unmatched by the reference, "
+                     "mapping %s%s", section_id, summary["n_cells"], summary["n_eligible"], summary["n_uncertain"],
+                     100 * covered.share_unmatched, summary["mapping"],
                      f", EXCLUDED: {summary['exclusion_reason']}" if summary["excluded"] else "")
         summary_frame = pd.DataFrame(summaries)
         summary_frame.to_csv(out / "summary.csv", index=False)
@@ -78,8 +95,9 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
         qc_frame = qc_frame[["section_id", *[c for c in qc_frame.columns if c != "section_id"]]]
         qc_frame.to_csv(out / "marker_qc.csv", index=False)
     flagged = qc_frame[qc_frame["status"] == "not_enriched"]
-    log.info("annotate: %d sections (%d excluded), %d type(s) flagged by marker QC", len(summary_frame),
-             int(summary_frame["excluded"].sum()), len(flagged))
+    log.info("annotate: %d sections (%d excluded, %d with poor reference coverage), %d type(s) flagged by marker QC",
+             len(summary_frame), int(summary_frame["excluded"].sum()),
+             int(summary_frame["poor_reference_coverage"].sum()), len(flagged))
     _write_truth_report(truth_rows, annotation_reports(reports))
     return summary_frame
 

@@ -52,12 +52,15 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
         truth = coarse[pairs[:, 1]]
         scored = np.array([c is not None and c == c for c in truth], dtype=bool)
         excluded = bool(summary.loc[row.section_id, "excluded"])
+        poor_coverage = bool(summary.loc[row.section_id, "poor_reference_coverage"])
         score = None if excluded else agr_bacc(truth[scored], detections.coarse[pairs[scored, 0]])
         rows.append({"section_id": row.section_id, "organ": row.organ, "score": score,
                      "n_detected": len(detections), "n_dropped_detections": detections.n_dropped,
                      "n_xenium": table.n_obs, "n_matched": len(pairs), "n_matched_scored": int(scored.sum()),
                      "n_detected_unmatched": pred_unmatched, "n_xenium_unmatched": ref_unmatched,
-                     "excluded_by_annotation": excluded, "cells": table.n_obs})
+                     "excluded_by_annotation": excluded, "cells": table.n_obs,
+                     "reference_unmatched": float(summary.loc[row.section_id, "coverage_unmatched"]),
+                     "poor_reference_coverage": poor_coverage})
         log.info("concordance %s: %d detected, %d matched (%d with a Tcoarse label), AGR-BAcc %s", row.section_id,
                  len(detections), len(pairs), int(scored.sum()), "undefined" if score is None else f"{score:.3f}")
     ranked = rank_sections(pd.DataFrame(rows))

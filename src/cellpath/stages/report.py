@@ -347,8 +347,7 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "encoders": sorted(inputs.runs["model"].unique()), "magnifications": magnifications,
         "headline": headline_magnification(magnifications), "source": params.source, "git_commit": commit,
         "runs": {k: counts.get(k, 0) for k in ("ok", "skipped", "unavailable", "not_converged")},
-        "notes": [f"{n} section(s) excluded by annotation are listed in the data section, not evaluated."
-                  for n in [int(inputs.panels["excluded_by_annotation"].sum())] if n],
+        "notes": _header_notes(inputs.panels),
     }
     where = [
         {"what": "This page and its tables", "text": "reports/index.html; every table as CSV (numbers) and Markdown "
@@ -380,6 +379,20 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "class_table": by_name["class_counts"], "candidates_table": by_name["panels"],
         "figures": pngs, "pareto_figures": paretos, "thumbnails": thumbs, "where": where, "glossary": GLOSSARY,
     }
+
+
+def _header_notes(panels: pd.DataFrame) -> list[str]:
+    """What the header must say about the sections: exclusions, and sections flagged for poor reference coverage."""
+    notes = []
+    excluded = int(panels["excluded_by_annotation"].sum())
+    if excluded:
+        notes.append(f"{excluded} section(s) excluded by annotation are listed in the data section, not evaluated.")
+    flagged = sorted(panels.loc[panels["poor_reference_coverage"].astype(bool), "section_id"].astype(str))
+    if flagged:
+        notes.append(f"Poor reference coverage (annotate.coverage_max_unmatched exceeded: many cells resemble no "
+                     f"reference type and carry the label of the nearest one): {', '.join(flagged)}. They are "
+                     "evaluated; review them as the paper's manual review would.")
+    return notes
 
 
 def _evaluated_cells(label_summary: pd.DataFrame, panel: pd.DataFrame) -> int:

@@ -13,12 +13,13 @@ import pytest
 import scanpy as sc
 from scipy import sparse
 
+from cellpath.annotation.coverage import coverage
 from cellpath.annotation.labels import against_truth, label_frame, section_summary
 from cellpath.annotation.marker_qc import marker_enrichment
 from cellpath.annotation.ontology import (COARSE_CLASSES, FINE_CLASSES, cell_type, cell_types, genes_of, label_aliases,
                                           map_reference_labels, marker_genes)
 from cellpath.annotation.transfer import (UNCERTAIN, Reference, Transferred, fit_transfer, load_reference,
-                                          transfer_labels)
+                                          reference_space, transfer_labels)
 from cellpath.errors import InputError
 from cellpath.stages.annotate import run as run_annotate
 from helpers.files import rewrite_reference
@@ -108,7 +109,7 @@ def test_transfer_recovers_known_types_across_a_platform_bias():
     model = _toy_model(rng)
     bias = rng.lognormal(0, 0.5, len(GENES))  # per-gene capture difference of the query platform
     query, truth = _draw(TOY_TYPES, 50, rng, depth=120, bias=bias)
-    result = transfer_labels(model, query, GENES, confidence_threshold=0.4)
+    result = transfer_labels(model, reference_space(model, query, GENES), confidence_threshold=0.4)
     assert (result.label == truth).mean() > 0.97
     assert result.confidence.min() >= 0 and result.confidence.max() <= 1
 
@@ -121,7 +122,7 @@ def test_ambiguous_cells_become_uncertain():
     mixed = sparse.csr_matrix(rng.poisson(np.tile(mixed_rate / mixed_rate.sum() * 30, (40, 1))))
     clean, _ = _draw(TOY_TYPES, 40, rng, depth=120)
     query = sparse.vstack([clean, mixed])
-    result = transfer_labels(model, query, GENES, confidence_threshold=0.9)
+    result = transfer_labels(model, reference_space(model, query, GENES), confidence_threshold=0.9)
     uncertain = result.label == UNCERTAIN
     assert uncertain[120:].mean() > 2 * uncertain[:120].mean()
     assert (result.confidence[uncertain] < 0.9).all() and (result.confidence[~uncertain] >= 0.9).all()
@@ -188,15 +189,19 @@ def test_eligibility_and_the_mapping_column():
                          _transferred(["CD8 T cell", "CD4 T cell", "Mast cell", UNCERTAIN, "Fibroblast"]))
     assert labels["eligible"].tolist() == [True, True, False, False, True]
     assert labels.loc[0, "fine"] == "Lymphocyte" and labels.loc[4, "coarse"] == "Stromal/Structural"
-    summary = section_summary(labels, organ="Lymphoid", reference="lymphoid", min_cells_per_coarse_class=1)
+    summary = section_summary(labels, organ="Lymphoid", reference="lymphoid", min_cells_per_coarse_class=1,
+                              coverage=coverage(np.array([0.5, 0.1, 0.3, 0.2, 0.9]), 0.25), max_unmatched=0.3)
     assert summary["mapping"] == "3→2→2"
+    assert summary["coverage_cells_scored"] == 5 and summary["coverage_unmatched"] == 0.4
+    assert summary["poor_reference_coverage"] is True
     assert summary["n_uncertain"] == 1 and summary["n_ineligible_types"] == 1 and summary["n_eligible"] == 3
     assert summary["excluded"] is False
 
 
 def test_section_with_one_coarse_class_is_excluded():
     labels = label_frame("leuk", np.array([f"c{i}" for i in range(30)]), _transferred(["B cell"] * 28 + ["Fibroblast"] * 2))
-    summary = section_summary(labels, organ="Bone BM", reference="bm", min_cells_per_coarse_class=10)
+    summary = section_summary(labels, organ="Bone BM", reference="bm", min_cells_per_coarse_class=10,
+                              coverage=coverage(np.full(30, 0.5), 0.15), max_unmatched=0.15)
     assert summary["excluded"] is True
     assert "1 valid Tcoarse" in summary["exclusion_reason"]
 

@@ -101,7 +101,8 @@ def _data_outputs(data: Path) -> None:
                    **{f"fine:{c}": n for c, n in zip(CLASSES, values)}} for s, values in counts.items()]
                  ).to_csv(data / "labels" / "summary.csv", index=False)
     pd.DataFrame([{"section_id": s, "organ": organ, "score": 0.9 - 0.1 * i, "cells": 100, "n_matched": 80,
-                   "excluded_by_annotation": False, "rank": i + 1, "S4": i < 4, "S6": True}
+                   "excluded_by_annotation": False, "reference_unmatched": 0.05,
+                   "poor_reference_coverage": i == 5, "rank": i + 1, "S4": i < 4, "S6": True}
                   for i, (s, (organ, _)) in enumerate(SECTIONS.items())]).to_csv(data / "panels.csv", index=False)
 
 
@@ -228,6 +229,11 @@ def test_every_section_and_output_is_present(page):
     robustness = pd.read_csv(reports / "tables" / "robustness.csv").set_index("model")
     assert robustness["pareto"].to_dict() == {"random-vit-t16": True, "filterbank-dense": True,
                                               "random-vit-s16": False}
+    # s6 is flagged for poor reference coverage: named in the header and marked in the panels table.
+    assert "Poor reference coverage (annotate.coverage_max_unmatched exceeded" in html
+    assert "nearest one): s6. They are evaluated" in html
+    assert _cell(page["tables"], "panels", "s6", "poor_reference_coverage") == "yes"
+    assert _cell(page["tables"], "panels", "s1", "poor_reference_coverage") == ""
     sensitivity = pd.read_csv(reports / "tables" / "sensitivity.csv").set_index("comparison")
     assert sensitivity["ρ"].to_dict() == {"m 5 vs 1": -1.0, "m 5 vs 20": 1.0, "m 1 vs 20": -1.0}
     assert sensitivity.loc["m 5 vs 1", "< 0 at x / y"] == "0 / 3" and "Sensitivity to m and α" in html
