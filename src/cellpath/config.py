@@ -183,7 +183,8 @@ class ProbeConfig(_Strict):
     c_grid: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
     max_iter: Annotated[int, Field(ge=1, le=100_000)] = 10000 # L-BFGS iterations per (run, C) fit
     tol: Annotated[float, Field(gt=0.0, le=1e-2)] = 1e-8  # converged: largest |gradient entry| ≤ tol (sklearn's tol)
-    batch_memory_mb: Annotated[int, Field(ge=16, le=1_000_000)] = 512  # torch solver: one batch's training matrices
+    #: working memory of one fit (scipy) or batch (torch); larger training sets are streamed in chunks
+    batch_memory_mb: Annotated[int, Field(ge=16, le=1_000_000)] = 512
     device: Literal["cpu", "cuda"] = "cpu"
     solver: Literal["auto", "scipy", "torch"] = "auto"  # auto: scipy per fit on the CPU, batched torch on CUDA
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default

@@ -19,7 +19,7 @@ import pandas as pd
 
 from cellpath.errors import InputError
 from cellpath.features.readouts import compose_readout
-from cellpath.features.store import artifact_dir, cell_order_digest, read_artifact, read_sidecar
+from cellpath.features.store import artifact_dir, cell_order_digest, open_artifact, read_sidecar
 from cellpath.io.layout import panels_csv, section_labels
 from cellpath.io.sections import read_section_index, read_section_table
 
@@ -96,33 +96,94 @@ def load_panel_cells(data_dir: Path, panel: str) -> PanelCells:
     return PanelCells(cells, order, kept_rows, excluded)
 
 
+class PanelFeatures:
+    """One encoder's base readouts at one magnification over the panel's rows, memory-mapped.
+
+    The per-section float16 files stay on disk; :meth:`take` reads just the requested rows, as
+    float32, composing fusions on the fly, so memory is set by what a caller asks for at a time,
+    not by the panel. Row ``i`` is row ``i`` of ``panel.cells``. Opening checks every section's
+    sidecar (present, written for the section's cell order, shapes); reading checks the rows it
+    returns are finite.
+    """
+
+    def __init__(self, features_root: Path, encoder_slug: str, magnification: str, panel: PanelCells) -> None:
+        self.label = f"encoder {encoder_slug}, {magnification}"
+        self._files: list[dict[str, np.ndarray]] = []
+        self._folders: list[Path] = []
+        for section_id in panel.rows_in_section:
+            folder = artifact_dir(features_root, encoder_slug, magnification, section_id)
+            sidecar = read_sidecar(folder)
+            if sidecar is None:
+                raise InputError(f"no features for encoder {encoder_slug} at {magnification}; run "
+                                 f"`dvc repro extract@{encoder_slug}-{magnification}`", path=folder, section=section_id)
+            if sidecar.get("cell_order_sha256") != cell_order_digest(panel.section_order[section_id]):
+                raise InputError(f"features of {encoder_slug} {magnification} were written for another cell order "
+                                 "(sidecar cell_order_sha256 differs); rerun the extract stage", path=folder,
+                                 section=section_id)
+            self._files.append(open_artifact(folder))
+            self._folders.append(folder)
+        names = [set(files) for files in self._files]
+        self.bases = tuple(sorted(set.union(*names))) if names else ()
+        missing = [name for name in self.bases if not all(name in files for files in self._files)]
+        if missing:
+            raise InputError(f"readouts {', '.join(missing)} of {encoder_slug} {magnification} are missing for some "
+                             "sections; rerun the extract stage",
+                             path=Path(features_root) / encoder_slug / magnification)
+        counts = [len(rows) for rows in panel.rows_in_section.values()]
+        self._section_of_row = np.repeat(np.arange(len(counts)), counts)
+        self._stored_row = (np.concatenate(list(panel.rows_in_section.values())) if counts
+                            else np.zeros(0, dtype=np.int64))
+        self._section_ids = list(panel.rows_in_section)
+        self.n_rows = int(sum(counts))
+
+    def base(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """float32 ``(len(rows), D)`` of base readout ``name`` at panel rows ``rows`` (any order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        width = self._files[0][name].shape[1] if self._files else 0
+        out = np.empty((len(rows), width), dtype=np.float32)
+        sections = self._section_of_row[rows]
+        for k in np.unique(sections):
+            at = np.flatnonzero(sections == k)
+            chunk = np.asarray(self._files[k][name][self._stored_row[rows[at]]], dtype=np.float32)
+            bad = ~np.isfinite(chunk).all(axis=1)
+            if bad.any():
+                raise InputError(f"{int(bad.sum())} cells have NaN or infinite {name} features ({self.label}); rerun "
+                                 "the extract stage", path=self._folders[k] / f"{name}.npy",
+                                 section=self._section_ids[k])
+            out[at] = chunk
+        return out
+
+    def readout(self, readout: str) -> "ReadoutRows":
+        """Rows of one readout (a base or a fusion, composed per request)."""
+        return ReadoutRows(self, readout)
+
+
+@dataclass(frozen=True)
+class ReadoutRows:
+    """One readout of :class:`PanelFeatures` as a row source: ``take(rows)`` → float32 (rows × width)."""
+
+    features: PanelFeatures
+    name: str
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        needed = {"Nuc", "Mean", *(["Cls"] if "Cls" in self.features.bases else [])}
+        bases = {name: self.features.base(name, rows) for name in needed}
+        return np.asarray(compose_readout(self.name, bases["Nuc"], bases["Mean"], bases.get("Cls")), dtype=np.float32)
+
+    @property
+    def width(self) -> int:
+        return self.take(np.zeros(1, dtype=np.int64)).shape[1] if self.features.n_rows else 0
+
+    def __len__(self) -> int:
+        return self.features.n_rows
+
+
 def load_base_readouts(features_root: Path, encoder_slug: str, magnification: str,
                        panel: PanelCells) -> dict[str, np.ndarray]:
-    """Nuc, Mean (and Cls) float32 matrices over the panel's cell rows for one encoder and magnification."""
-    parts: dict[str, list[np.ndarray]] = {}
-    for section_id, rows in panel.rows_in_section.items():
-        folder = artifact_dir(features_root, encoder_slug, magnification, section_id)
-        sidecar = read_sidecar(folder)
-        if sidecar is None:
-            raise InputError(f"no features for encoder {encoder_slug} at {magnification}; run "
-                             f"`dvc repro extract@{encoder_slug}-{magnification}`", path=folder, section=section_id)
-        if sidecar.get("cell_order_sha256") != cell_order_digest(panel.section_order[section_id]):
-            raise InputError(f"features of {encoder_slug} {magnification} were written for another cell order "
-                             "(sidecar cell_order_sha256 differs); rerun the extract stage", path=folder,
-                             section=section_id)
-        for name, matrix in read_artifact(folder).items():
-            selected = matrix[rows]
-            bad = ~np.isfinite(selected).all(axis=1)
-            if bad.any():
-                raise InputError(f"{int(bad.sum())} cells have NaN or infinite {name} features "
-                                 f"(encoder {encoder_slug}, {magnification}); rerun the extract stage",
-                                 path=folder / f"{name}.npy", section=section_id)
-            parts.setdefault(name, []).append(selected)
-    missing = [name for name, chunks in parts.items() if len(chunks) != len(panel.rows_in_section)]
-    if missing:
-        raise InputError(f"readouts {', '.join(missing)} of {encoder_slug} {magnification} are missing for some "
-                         "sections; rerun the extract stage", path=Path(features_root) / encoder_slug / magnification)
-    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    """Nuc, Mean (and Cls) float32 matrices over all the panel's cell rows, in memory (robustness)."""
+    features = PanelFeatures(features_root, encoder_slug, magnification, panel)
+    every = np.arange(features.n_rows)
+    return {name: features.base(name, every) for name in features.bases}
 
 
 def readout_matrix(base: dict[str, np.ndarray], readout: str) -> np.ndarray:

@@ -96,21 +96,30 @@ def is_complete(folder: Path, expected: dict) -> bool:
     return sidecar_mismatch(read_sidecar(folder), expected) is None
 
 
-def read_artifact(folder: Path, expected: dict | None = None) -> dict[str, np.ndarray]:
-    """Load the base readouts as float32; with ``expected``, refuse a stale or foreign artifact."""
+def open_artifact(folder: Path) -> dict[str, np.ndarray]:
+    """The base readouts memory-mapped (float16, read-only), checked against the sidecar's shapes."""
     folder = Path(folder)
     sidecar = read_sidecar(folder)
     if sidecar is None:
         raise InputError("no feature artifact (sidecar.json missing or unreadable); run `cellpath extract`",
                          path=folder)
-    if expected is not None:
-        problem = sidecar_mismatch(sidecar, expected)
-        if problem:
-            raise InputError(f"stale feature artifact: {problem}; rerun `cellpath extract`", path=folder / SIDECAR)
     out = {}
     for name, shape in sidecar["readouts"].items():
-        matrix = np.load(folder / f"{name}.npy").astype(np.float32)
+        try:
+            matrix = np.load(folder / f"{name}.npy", mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read {name}.npy ({exc}); rerun `cellpath extract`", path=folder) from None
         if list(matrix.shape) != shape:
             raise InputError(f"{name}.npy has shape {list(matrix.shape)}, sidecar says {shape}", path=folder)
         out[name] = matrix
     return out
+
+
+def read_artifact(folder: Path, expected: dict | None = None) -> dict[str, np.ndarray]:
+    """Load the base readouts as float32; with ``expected``, refuse a stale or foreign artifact."""
+    folder = Path(folder)
+    if expected is not None:
+        problem = sidecar_mismatch(read_sidecar(folder), expected)
+        if problem and problem != "no sidecar":
+            raise InputError(f"stale feature artifact: {problem}; rerun `cellpath extract`", path=folder / SIDECAR)
+    return {name: np.asarray(matrix, dtype=np.float32) for name, matrix in open_artifact(folder).items()}

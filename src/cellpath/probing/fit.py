@@ -14,6 +14,12 @@ tasks were fitted beside it. Two solvers minimise the same objective (``solver``
   state (``cellpath.probing.lbfgs``). Classes a task does not score get a fixed −10⁴ logit offset, so one
   batch mixes tasks with different gated classes.
 
+Memory: the features come from a row source (``take(rows)``, e.g. the memory-mapped feature store),
+never as one panel matrix. A scipy fit whose design fits ``memory_mb`` is built in memory; a
+larger one is streamed — its objective and gradient summed over chunks of training rows read
+from the source at every evaluation (the same sums in another order, so the same optimum to the
+fit's tolerance) — and validation and test rows are scored in chunks too.
+
 Both run in float64. Each objective is scikit-learn's scaled by 1/n: mean cross-entropy +
 ||W||² / (2·C·n) (intercept unpenalised), so ``C`` means what it means in
 ``sklearn.linear_model.LogisticRegression``. For a task that scores two classes scikit-learn fits
@@ -27,7 +33,9 @@ Macro-AUROC and Macro-AUPRC over the task's classes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -44,6 +52,29 @@ DEFAULT_MAX_ITER = 10000  # L-BFGS iterations per fit; a fit that reaches it is 
 SOLVERS = ("auto", "scipy", "torch")  # auto: scipy on the CPU, torch on CUDA
 SCIPY_MAX_LINE_SEARCH = 50  # scikit-learn's maxls for lbfgs
 _MASKED_LOGIT = -1e4
+
+
+class RowSource(Protocol):
+    """Feature rows by position: ``take(rows)`` → float32 ``(len(rows), width)``."""
+
+    @property
+    def width(self) -> int: ...
+
+    def take(self, rows: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class InMemoryRows:
+    """A feature matrix (cells × D) already in memory, as a row source."""
+
+    matrix: np.ndarray
+
+    @property
+    def width(self) -> int:
+        return self.matrix.shape[1]
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.matrix[rows]
 
 
 @dataclass(frozen=True)
@@ -188,18 +219,79 @@ def fit_logistic_scipy(design: np.ndarray, labels: np.ndarray, n_classes: int, c
     weights (L, D + 1, n_classes), the iterations (L,) and whether each fit met ``tol`` (or scipy's
     relative-reduction test, 64·eps, as scikit-learn sets it) before ``max_iter`` or a failed line search.
     """
-    width = design.shape[1]
+    return _minimise_grid(lambda c: _TaskObjective(design, labels, n_classes, c), design.shape[1], n_classes, c_grid,
+                          max_iter, tol)
+
+
+def _minimise_grid(objective_for: Callable[[float], Callable], width: int, n_classes: int,
+                   c_grid: tuple[float, ...], max_iter: int, tol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """scipy's L-BFGS-B from zero at every C (``objective_for(C)`` → flat value-and-gradient function)."""
     weights = np.zeros((len(c_grid), width, n_classes))
     iterations = np.zeros(len(c_grid), dtype=np.int64)
     converged = np.zeros(len(c_grid), dtype=bool)
     for i, c in enumerate(c_grid):
-        result = minimize(_TaskObjective(design, labels, n_classes, c), np.zeros(width * n_classes), jac=True,
+        result = minimize(objective_for(c), np.zeros(width * n_classes), jac=True,
                           method="L-BFGS-B", options={"maxiter": max_iter, "maxfun": 100 * max_iter + 100,
                                                       "gtol": tol, "ftol": lbfgs.FTOL, "maxcor": lbfgs.HISTORY,
                                                       "maxls": SCIPY_MAX_LINE_SEARCH})
         weights[i] = result.x.reshape(width, n_classes)
         iterations[i], converged[i] = result.nit, result.status == 0
     return weights, iterations, converged
+
+
+class _StreamedTaskObjective:
+    """:class:`_TaskObjective` with the training rows read from ``source`` in chunks at every
+    evaluation: the same value and gradient (sums over chunks), in memory bounded by the chunk."""
+
+    def __init__(self, source: RowSource, rows: np.ndarray, labels: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],
+                 n_classes: int, c: float, chunk_rows: int) -> None:
+        self.source, self.rows, self.labels, self.scaler = source, rows, labels, scaler
+        self.n_classes, self.chunk_rows = n_classes, chunk_rows
+        self.penalty = binary_factor(n_classes) / (2.0 * c * len(labels))
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
+        weights = flat.reshape(-1, self.n_classes)
+        n = len(self.labels)
+        value, grad = 0.0, np.zeros_like(weights)
+        for start, rows in _chunks(self.rows, self.chunk_rows):
+            design = _design(self.source.take(rows), self.scaler)
+            labels = self.labels[start:start + len(rows)]
+            log_p = log_softmax(design @ weights, axis=1)
+            at = np.arange(len(rows))
+            value -= log_p[at, labels].sum()
+            residual = np.exp(log_p)
+            residual[at, labels] -= 1.0
+            grad += design.T @ residual
+        value, grad = value / n, grad / n
+        value += self.penalty * float((weights[:-1] ** 2).sum())
+        grad[:-1] += 2.0 * self.penalty * weights[:-1]
+        return float(value), grad.ravel()
+
+
+def _chunks(rows: np.ndarray, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, rows[start:start + chunk_rows]) over ``rows``."""
+    for start in range(0, len(rows), chunk_rows):
+        yield start, rows[start:start + chunk_rows]
+
+
+def streamed_standardiser(source: RowSource, rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`standardiser` of ``source``'s ``rows`` in two chunked passes (mean, then squared deviations)."""
+    total = np.zeros(source.width)
+    for _, chunk in _chunks(rows, chunk_rows):
+        total += source.take(chunk).sum(axis=0, dtype=np.float64)
+    mean = total / len(rows)
+    squares = np.zeros(source.width)
+    for _, chunk in _chunks(rows, chunk_rows):
+        squares += ((source.take(chunk) - mean) ** 2).sum(axis=0)
+    sd = np.sqrt(squares / len(rows))
+    sd[sd < 1e-8] = 1.0
+    return mean, sd
+
+
+def design_row_bytes(width: int, n_classes: int) -> int:
+    """Working bytes per training row of a scipy fit: the float32 rows read, the float64 design row
+    (with the ones column) and the logits, probabilities and residuals."""
+    return 4 * width + 8 * (width + 1) + 3 * 8 * n_classes
 
 
 def standardiser(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -251,26 +343,39 @@ def resolve_solver(solver: str, device: str) -> str:
     return ("scipy" if device == "cpu" else "torch") if solver == "auto" else solver
 
 
-def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTask], *,
+def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: list[ProbeTask], *,
               c_grid: tuple[float, ...] = DEFAULT_C_GRID, max_iter: int = DEFAULT_MAX_ITER,
-              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: int = 512,
+              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: float = 512,
               solver: str = "auto") -> list[ProbeResult]:
-    """Fit, select and score every task on one feature matrix ``x`` (cells × D) with labels ``y``.
+    """Fit, select and score every task on one feature matrix or row source ``x`` (cells × D) with labels ``y``.
 
     ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
     stops on its own test (``tol`` or ``max_iter``), so a task's result does not depend on the
     tasks fitted beside it; ``ProbeResult.converged`` says whether every C met ``tol``.
-    ``fit_seconds``: the task's own wall time (scipy), or its batch's shared equally (torch).
+    ``batch_memory_mb``: the working memory of one fit (scipy; larger training sets are streamed)
+    or one batch of fits (torch; a task too large for a batch of its own is fitted streamed, by scipy
+    on the CPU). ``fit_seconds``: the task's own wall time (scipy), or its batch's
+    shared equally (torch).
     """
+    source = InMemoryRows(x) if isinstance(x, np.ndarray) else x
     y = np.asarray(y, dtype=np.int64)
+    budget = int(batch_memory_mb * 1024**2)
     if resolve_solver(solver, device) == "scipy":
         # One BLAS thread: numpy's and scipy's OpenBLAS each keep a pool that spins after its work; with
         # two threads each they fight over the cores (measured: 17× slower fits of a (600, 385) design).
         with threadpool_limits(limits=1, user_api="blas"):
-            return [_fit_task_scipy(x, y, n_classes, task, tuple(c_grid), max_iter, tol) for task in tasks]
-    width = x.shape[1] + 1
+            return [_fit_task_scipy(source, y, n_classes, task, tuple(c_grid), max_iter, tol, budget)
+                    for task in tasks]
+    width = source.width + 1
+    chunk_rows = max(1, budget // design_row_bytes(source.width, n_classes))
     results: list[ProbeResult | None] = [None] * len(tasks)
-    for group in _batches(tasks, *_batch_bytes(width, len(c_grid), n_classes), batch_memory_mb * 1024**2):
+    row_bytes, task_bytes = _batch_bytes(width, len(c_grid), n_classes)
+    batched = [i for i, task in enumerate(tasks) if len(task.train) * row_bytes + task_bytes <= budget]
+    for i in sorted(set(range(len(tasks))) - set(batched)):  # too large for one batch: streamed, on the CPU
+        with threadpool_limits(limits=1, user_api="blas"):
+            results[i] = _fit_task_scipy(source, y, n_classes, tasks[i], tuple(c_grid), max_iter, tol, budget)
+    for group in _batches([tasks[i] for i in batched], row_bytes, task_bytes, budget):
+        group = [batched[b] for b in group]
         started = time.perf_counter()
         batch = [tasks[i] for i in group]
         n_max = max(len(task.train) for task in batch)
@@ -280,9 +385,10 @@ def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTas
         mask = np.zeros((len(batch), n_classes), dtype=bool)
         scalers = []
         for b, task in enumerate(batch):
-            scalers.append(standardiser(x[task.train]))
+            rows = source.take(task.train)
+            scalers.append(standardiser(rows))
             n = len(task.train)
-            design[b, :n] = _design(x[task.train], scalers[-1])
+            design[b, :n] = _design(rows, scalers[-1])
             labels[b, :n] = y[task.train]
             weight[b, :n] = 1.0 / n
             mask[b, task.classes] = True
@@ -290,7 +396,8 @@ def fit_tasks(x: np.ndarray, y: np.ndarray, n_classes: int, tasks: list[ProbeTas
                                  tuple(c_grid), max_iter=max_iter, tol=tol)
         iterations = fit.iterations.amax(dim=1).cpu().numpy()
         converged = fit.converged.all(dim=1).cpu().numpy()
-        scored = [_score_task(x, y, task, fit.weights[b], scalers[b], c_grid) for b, task in enumerate(batch)]
+        scored = [_score_task(source, y, task, fit.weights[b], scalers[b], c_grid, chunk_rows)
+                  for b, task in enumerate(batch)]
         share = (time.perf_counter() - started) / len(batch)
         for b, (i, (chosen, val_f1, scores, pred)) in enumerate(zip(group, scored)):
             results[i] = ProbeResult(chosen, *scores, val_f1, int(iterations[b]), bool(converged[b]), share, pred)
@@ -302,38 +409,53 @@ def _design(rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarr
     return np.concatenate([standardised(rows, scaler), np.ones((len(rows), 1))], axis=1)
 
 
-def _fit_task_scipy(x: np.ndarray, y: np.ndarray, n_classes: int, task: ProbeTask, c_grid: tuple[float, ...],
-                    max_iter: int, tol: float) -> ProbeResult:
-    """One task: scipy fits over its own classes, placed in the taxonomy's columns, then selected and scored."""
+def _fit_task_scipy(source: RowSource, y: np.ndarray, n_classes: int, task: ProbeTask, c_grid: tuple[float, ...],
+                    max_iter: int, tol: float, budget_bytes: int) -> ProbeResult:
+    """One task: scipy fits over its own classes, placed in the taxonomy's columns, then selected and
+    scored. The design is built in memory when it fits ``budget_bytes``, else streamed in chunks."""
     started = time.perf_counter()
-    scaler = standardiser(x[task.train])
     position = np.full(n_classes, -1, dtype=np.int64)
     position[task.classes] = np.arange(len(task.classes))
-    if (position[y[task.train]] < 0).any():
+    labels = position[y[task.train]]
+    if (labels < 0).any():
         raise ValueError("a probe task's training rows carry a class the task does not score")
-    own, iterations, converged = fit_logistic_scipy(_design(x[task.train], scaler), position[y[task.train]],
-                                                    len(task.classes), c_grid, max_iter, tol)
-    weights = np.zeros((len(c_grid), x.shape[1] + 1, n_classes))
+    k, width = len(task.classes), source.width
+    chunk_rows = max(1, budget_bytes // design_row_bytes(width, k))
+    if len(task.train) <= chunk_rows:
+        rows = source.take(task.train)
+        scaler = standardiser(rows)
+        own, iterations, converged = fit_logistic_scipy(_design(rows, scaler), labels, k, c_grid, max_iter, tol)
+    else:
+        scaler = streamed_standardiser(source, task.train, chunk_rows)
+        own, iterations, converged = _minimise_grid(
+            lambda c: _StreamedTaskObjective(source, task.train, labels, scaler, k, c, chunk_rows), width + 1, k,
+            c_grid, max_iter, tol)
+    weights = np.zeros((len(c_grid), width + 1, n_classes))
     weights[:, :, task.classes] = own
-    chosen, val_f1, scores, pred = _score_task(x, y, task, torch.from_numpy(weights), scaler, c_grid)
+    chosen, val_f1, scores, pred = _score_task(source, y, task, torch.from_numpy(weights), scaler, c_grid, chunk_rows)
     return ProbeResult(chosen, *scores, val_f1, int(iterations.max()), bool(converged.all()),
                        time.perf_counter() - started, pred)
 
 
-def _class_probabilities(x: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], weights: torch.Tensor,
-                         classes: np.ndarray) -> np.ndarray:
-    """(L, n, len(classes)) softmax over the task's classes for every candidate."""
-    design = torch.from_numpy(_design(x, scaler))
-    logits = design.to(weights.device) @ weights[:, :, torch.as_tensor(classes, device=weights.device)]
-    return torch.softmax(logits, dim=-1).cpu().numpy()
+def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],
+                         weights: torch.Tensor, classes: np.ndarray, chunk_rows: int) -> np.ndarray:
+    """(L, n, len(classes)) softmax over the task's classes for every candidate, read in chunks of rows."""
+    columns = weights[:, :, torch.as_tensor(classes, device=weights.device)]
+    parts = []
+    for _, chunk in _chunks(rows, chunk_rows):
+        design = torch.from_numpy(_design(source.take(chunk), scaler)).to(weights.device)
+        parts.append(torch.softmax(design @ columns, dim=-1).cpu().numpy())
+    return np.concatenate(parts, axis=1) if parts else np.zeros((weights.shape[0], 0, len(classes)))
 
 
-def _score_task(x: np.ndarray, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
-                scaler: tuple[np.ndarray, np.ndarray], c_grid) -> tuple[float, float, tuple, np.ndarray]:
+def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
+                scaler: tuple[np.ndarray, np.ndarray], c_grid,
+                chunk_rows: int) -> tuple[float, float, tuple, np.ndarray]:
     with torch.no_grad():
-        val_prob = _class_probabilities(x[task.val], scaler, weights, task.classes)
+        val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes, chunk_rows)
         val_f1 = [macro_f1(y[task.val], task.classes[p.argmax(axis=1)], task.classes) for p in val_prob]
         best = int(np.argmax(val_f1))  # earliest (strongest regularisation) on ties
-        test_prob = _class_probabilities(x[task.test], scaler, weights[best:best + 1], task.classes)[0]
+        test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes,
+                                         chunk_rows)[0]
     scores = macro_scores(y[task.test], test_prob, task.classes)
     return float(c_grid[best]), float(val_f1[best]), scores, task.classes[test_prob.argmax(axis=1)]

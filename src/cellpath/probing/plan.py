@@ -19,7 +19,7 @@ import pandas as pd
 
 from cellpath.config import ProbeConfig
 from cellpath.errors import ConfigError
-from cellpath.probing.fit import ProbeTask, fit_tasks
+from cellpath.probing.fit import ProbeTask, RowSource, fit_tasks
 from cellpath.probing.protocols import IS_EXCLUSION_RULES, Split, gate_classes, make_splits, protocol_units
 from cellpath.vocabulary import CLS_READOUTS, PROTOCOLS, READOUTS
 
@@ -104,8 +104,9 @@ def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfi
     return runs
 
 
-def fit_condition(x: np.ndarray, cells: pd.DataFrame, runs: list[PlannedRun], cfg: ProbeConfig) -> pd.DataFrame:
-    """Fit every planned run of one taxonomy on one feature matrix; one row per run (skipped ones too)."""
+def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[PlannedRun],
+                  cfg: ProbeConfig) -> pd.DataFrame:
+    """Fit every planned run of one taxonomy on one feature matrix or row source; one row per run (skipped ones too)."""
     taxonomy = runs[0].taxonomy
     codes, names = class_codes(cells[taxonomy])
     active = [run for run in runs if run.task is not None]

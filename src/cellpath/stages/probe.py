@@ -24,8 +24,7 @@ import pandas as pd
 
 from cellpath.config import Params, ProbeConfig
 from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
-from cellpath.features.panel import (PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells,
-                                     panel_sections, readout_matrix)
+from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids, load_panel_cells, panel_sections
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
@@ -160,14 +159,15 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
 
 def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, magnification: str,
                 cfg: ProbeConfig) -> None:
-    """Task: fit every planned run of one encoder at one magnification; its rows to ``out`` (Parquet)."""
+    """Task: fit every planned run of one encoder at one magnification; its rows to ``out`` (Parquet).
+    Features are read from the memory-mapped store as each fit needs them (``probe.batch_memory_mb``)."""
     panel, plans = read_context(context)
-    base = load_base_readouts(features, spec.slug, magnification, panel)
+    base = PanelFeatures(features, spec.slug, magnification, panel)
     frames = []
     for readout in cfg.readouts:
         if not readout_available(spec, readout):
             continue
-        x = readout_matrix(base, readout)
+        x = base.readout(readout)
         for runs in plans[magnification].values():
             frames.append(fit_condition(x, panel.cells, runs, cfg).assign(
                 model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])

@@ -249,3 +249,60 @@ def test_solver_choice():
     assert resolve_solver("torch", "cpu") == "torch"
     with pytest.raises(ValueError, match="probe solver 'newton'"):
         resolve_solver("newton", "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: a training set larger than the memory budget is read in chunks at every evaluation
+
+
+def test_the_streamed_objective_is_the_in_memory_one():
+    from cellpath.probing.fit import (InMemoryRows, _design, _StreamedTaskObjective, _TaskObjective, standardiser,
+                                      streamed_standardiser)
+
+    x, y = _data(20, 1000, k=4, d=12)
+    rows = np.sort(np.random.default_rng(0).permutation(1000)[:700])
+    source = InMemoryRows(x)
+    scaler = standardiser(x[rows])
+    np.testing.assert_allclose(streamed_standardiser(source, rows, 64), scaler, rtol=1e-12)
+    whole = _TaskObjective(_design(x[rows], scaler), y[rows], 4, c=0.1)
+    chunked = _StreamedTaskObjective(source, rows, y[rows], scaler, 4, c=0.1, chunk_rows=64)  # 11 chunks
+    weights = np.random.default_rng(1).normal(size=13 * 4)
+    (value, grad), (value_chunked, grad_chunked) = whole(weights), chunked(weights)
+    assert value_chunked == pytest.approx(value, rel=1e-13)
+    np.testing.assert_allclose(grad_chunked, grad, rtol=1e-11, atol=1e-14)
+
+
+@pytest.mark.parametrize("solver", ["scipy", "torch"])
+def test_a_streamed_fit_equals_the_in_memory_fit(solver):
+    from cellpath.probing.fit import design_row_bytes
+
+    x, y = _data(21, 4000, k=4, d=24)
+    tasks = _tasks(y, (2500,), ([0, 1, 2, 3],))
+    in_memory = fit_tasks(x, y, 4, tasks, solver=solver, tol=1e-10)[0]
+    budget_mb = 100 * design_row_bytes(24, 4) / 1024**2  # 100-row chunks: the 2,500 training rows in 25
+    streamed = fit_tasks(x, y, 4, tasks, solver=solver, tol=1e-10, batch_memory_mb=budget_mb)[0]
+    assert in_memory.converged and streamed.converged and in_memory.chosen_c == streamed.chosen_c
+    assert (in_memory.test_pred == streamed.test_pred).all()
+    for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
+        assert abs(getattr(in_memory, metric) - getattr(streamed, metric)) <= 1e-9
+
+
+def test_streaming_bounds_the_memory_of_a_fit():
+    import tracemalloc
+
+    from cellpath.probing.fit import design_row_bytes
+
+    x, y = _data(22, 24000, k=3, d=64)
+    tasks = _tasks(y, (20000,), ([0, 1, 2],))
+    design_bytes = 20000 * 65 * 8
+
+    def peak(budget_mb: float) -> int:
+        tracemalloc.start()
+        fit_tasks(x, y, 3, tasks, solver="scipy", c_grid=(1.0,), tol=1e-6, batch_memory_mb=budget_mb)
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return peak_bytes
+
+    budget_mb = 500 * design_row_bytes(64, 3) / 1024**2
+    assert peak(64) > design_bytes  # in memory: the (20,000 × 65) float64 design and more
+    assert peak(budget_mb) < design_bytes / 4  # streamed: chunks of 500 rows (~0.3 MB each)
