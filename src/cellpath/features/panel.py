@@ -21,7 +21,7 @@ from cellpath.errors import InputError
 from cellpath.features.readouts import compose_readout
 from cellpath.features.store import artifact_dir, cell_order_digest, open_artifact, read_sidecar
 from cellpath.io.layout import panels_csv, section_labels
-from cellpath.io.sections import read_section_index, read_section_table
+from cellpath.io.sections import read_section_index, read_section_obs
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def load_panel_cells(data_dir: Path, panel: str) -> PanelCells:
         if not labels_path.is_file():
             raise InputError("no labels; run `cellpath annotate`", path=labels_path, section=row.section_id)
         labels = pd.read_parquet(labels_path, columns=["cell_id", "fine", "coarse", "eligible"])
-        obs = read_section_table(data_dir, row.section_id).obs
+        obs = read_section_obs(data_dir, row.section_id)
         if not np.array_equal(labels["cell_id"].to_numpy(), obs.index.to_numpy()):
             raise InputError("labels and the section table list different cells (or orders); rerun "
                              "`cellpath annotate`", path=labels_path, section=row.section_id)
@@ -202,7 +202,7 @@ def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnif
     index = read_section_index(data_dir).set_index("section_id")
     parts = []
     for section_id, rows in panel.rows_in_section.items():
-        obs = read_section_table(data_dir, section_id).obs
+        obs = read_section_obs(data_dir, section_id)
         geometry = index.loc[section_id]
         placement = place_section_cells(obs, geometry, target_mpp=MAGNIFICATION_MPP[magnification],
                                         input_size=input_size)

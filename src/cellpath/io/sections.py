@@ -30,6 +30,18 @@ def read_section_table(data_dir: Path, section_id: str) -> ad.AnnData:
     return ad.read_zarr(path)
 
 
+def read_section_obs(data_dir: Path, section_id: str) -> pd.DataFrame:
+    """The per-cell table (obs: ids, coordinates in µm and H&E level-0 px) of one section, without
+    reading its count matrix — a 5K-gene panel's counts are gigabytes per section."""
+    import zarr
+    from anndata.io import read_elem
+
+    path = section_zarr(data_dir, section_id) / "tables" / "table"
+    if not path.is_dir():
+        raise InputError("section table not found; rerun `cellpath ingest`", path=path, section=section_id)
+    return read_elem(zarr.open_group(path, mode="r")["obs"])
+
+
 def sections_to_extract(data_dir: Path) -> pd.DataFrame:
     """Ingested sections that annotation did not exclude (with their H&E geometry)."""
     index = read_section_index(data_dir)

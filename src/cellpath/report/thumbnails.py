@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from cellpath.io.layout import section_labels
-from cellpath.io.sections import read_section_table
+from cellpath.io.sections import read_section_obs
 from cellpath.io.wsi import open_slide
 
 
@@ -41,7 +41,7 @@ def crop_bounds(xy_level0: np.ndarray, slide_size: tuple[int, int], side_px: flo
 
 def section_thumbnail(data_dir: Path, raw_dir: Path, section: pd.Series, side_um: float, mpp: float) -> Thumbnail:
     """The crop and its labelled nuclei for one row of the section index."""
-    obs = read_section_table(data_dir, section["section_id"]).obs
+    obs = read_section_obs(data_dir, section["section_id"])
     labels = pd.read_parquet(section_labels(data_dir, section["section_id"]), columns=["cell_id", "fine"])
     xy = obs[["he_x_px", "he_y_px"]].to_numpy(float)
     he_mpp = float(section["he_mpp"])

@@ -110,7 +110,7 @@ def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification
         return None
     index_path = section_index_csv(data_dir)
     from cellpath.features.tiling import place_section_cells
-    from cellpath.io.sections import read_section_table
+    from cellpath.io.sections import read_section_obs
     from cellpath.vocabulary import MAGNIFICATION_MPP
 
     index = pd.read_csv(index_path).set_index("section_id")
@@ -119,7 +119,7 @@ def _patches_from_tables(data_dir: Path | None, spec: EncoderSpec, magnification
         if section["section_id"] not in index.index:
             return None
         row = index.loc[section["section_id"]]
-        obs = read_section_table(data_dir, section["section_id"]).obs
+        obs = read_section_obs(data_dir, section["section_id"])
         placement = place_section_cells(obs, row, target_mpp=MAGNIFICATION_MPP[magnification],
                                         input_size=spec.input_size)
         total += len(set(placement.patch_index))
@@ -334,7 +334,7 @@ def render(plan: dict) -> str:
         lines.append(f"paper (Table 3): {', '.join(f'{p} {n:,}' for p, n in paper['table_3'].items())}; total "
                      f"{paper['total']:,} — derived {plan['probe']['total']['runs']:,}: "
                      + ("matches" if paper["matches"] else "DIFFERS"))
-    lines += ["", f"estimated time on this machine (serial), from measured per-unit costs",
+    lines += ["", "estimated time on this machine (serial), from measured per-unit costs",
               f"{'what':<34}{'units':>12}{'s / unit':>11}{'time':>12}  source"]
     for e in plan["estimates"]:
         per_unit = "—" if e["seconds_per_unit"] is None else f"{e['seconds_per_unit']:.3g}"
