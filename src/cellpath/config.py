@@ -248,6 +248,10 @@ class RobustnessConfig(_Strict):
     alpha: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10  # LTM tail fraction
     k: Annotated[int, Field(ge=1)] | None = None     # None: the paper's k selection (lower median of per-model k*)
     low_margin_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10
+    #: above this many cells in a scoring unit, score a stratified sample of anchors (robustness/sampling.py)
+    full_max_cells: Annotated[int, Field(ge=100)] = 100_000
+    anchors: Annotated[int, Field(ge=100)] = 20_000   # anchors per unit above full_max_cells
+    bootstrap: Annotated[int, Field(ge=20, le=10_000)] = 200  # stratified resamples for the anchors' intervals
     shortcut: ShortcutConfig = ShortcutConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
 

@@ -169,8 +169,36 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
         features[f"model-{i}"] = x
     own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    unit = _UnitData(features, biology, confounder, {s.slug: groups for s in specs})
+    unit = _UnitData(features, biology, confounder, {s.slug: groups for s in specs}, None)
     scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
     assert [result.k for _, result, _ in scored] == [k, k, k]
     assert [own_k for _, _, own_k in scored] == own
+
+
+def test_a_unit_above_full_max_cells_is_scored_on_anchors_with_intervals(stage, tiny_features, tmp_path):
+    """The panel unit (every evaluated cell) above ``full_max_cells``: 300 stratified anchors, each
+    scored exactly as in the full run, with bootstrap intervals; the smaller organ unit stays full."""
+    full = stage["summary"].set_index(["readout", "taxonomy", "scope", "unit"])
+    n_panel = int(full.loc[("Nuc", "coarse", "panel", "panel"), "n_samples"])
+    n_breast = int(full.loc[("Nuc", "coarse", "organ", "Breast"), "n_samples"])
+    assert n_breast < n_panel
+    params = robustness_params(tiny_features["params"], tmp_path, full_max_cells=max(100, n_breast), anchors=300,
+                               bootstrap=100, sensitivity={"alphas": [], "m_max": None},
+                               shortcut={"enabled": False})
+    sampled = run_robustness_stage(params, tiny_features["data_dir"], tmp_path / "reports", root=tmp_path)
+    sampled = sampled.set_index(["readout", "taxonomy", "scope", "unit"])
+    panel, breast = sampled.loc[("Nuc", "coarse", "panel", "panel")], sampled.loc[("Nuc", "coarse", "organ", "Breast")]
+    assert panel["n_samples"] == 300 and panel["n_cells"] == n_panel
+    assert breast["n_samples"] == breast["n_cells"] == n_breast and np.isnan(breast["ri_low"])
+    for name in ("croma_median", "f0", "ltm", "ri", "mari"):
+        assert panel[f"{name}_low"] <= panel[name] <= panel[f"{name}_high"]
+    assert breast["croma_median"] == full.loc[("Nuc", "coarse", "organ", "Breast"), "croma_median"]
+    margins = pd.read_parquet(tmp_path / "reports" / "robustness" / "margins.parquet")
+    chosen = margins[(margins["readout"] == "Nuc") & (margins["taxonomy"] == "coarse") & (margins["scope"] == "panel")]
+    assert len(chosen) == 300 and chosen["cell_id"].is_unique
+    every = pd.read_parquet(stage["reports"] / "robustness" / "margins.parquet")
+    every = every[(every["readout"] == "Nuc") & (every["taxonomy"] == "coarse") & (every["scope"] == "panel")]
+    exact = every.set_index(["section_id", "cell_id"])["margin"]
+    np.testing.assert_allclose(chosen.set_index(["section_id", "cell_id"])["margin"],
+                               exact.loc[chosen.set_index(["section_id", "cell_id"]).index], atol=1e-12)

@@ -67,13 +67,20 @@ class TailSummary:
 
 @dataclass(frozen=True)
 class FixedKScore:
-    """A pooled fixed-k score (RI or MaRI) with its per-sample values and support."""
+    """A pooled fixed-k score (RI or MaRI) with its per-sample values and support.
+
+    ``so_weight`` / ``typed_weight``: each anchor's SO and SO + OS evidence on one common scale,
+    so the pooled value is ``so_weight.sum() / typed_weight.sum()`` over any set of anchors (what
+    a bootstrap over anchors resamples).
+    """
 
     k: int
     value: float
     samples: np.ndarray
     informative: np.ndarray
     tau: float
+    so_weight: np.ndarray
+    typed_weight: np.ndarray
 
     @property
     def support(self) -> float:
@@ -122,14 +129,17 @@ def lower_tail(values: np.ndarray, alpha: float = 0.10) -> TailSummary:
 
 
 def _typed_slots(
-    neighbour_index: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int
+    neighbour_index: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int,
+    anchor_rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean (n, k) masks of the SO and OS slots among each anchor's first k neighbours."""
+    """Boolean (anchors, k) masks of the SO and OS slots among each anchor's first k neighbours.
+    Rows of ``neighbour_index`` are the samples ``anchor_rows`` (None: all, in order)."""
     index = neighbour_index[:, :k]
     found = index >= 0
     safe = np.where(found, index, 0)
-    same_b = biology[safe] == biology[:, None]
-    same_c = confounder[safe] == confounder[:, None]
+    own_b, own_c = (biology, confounder) if anchor_rows is None else (biology[anchor_rows], confounder[anchor_rows])
+    same_b = biology[safe] == own_b[:, None]
+    same_c = confounder[safe] == own_c[:, None]
     return found & same_b & ~same_c, found & ~same_b & same_c
 
 
@@ -143,22 +153,27 @@ def _weighted_share(so: np.ndarray, os_: np.ndarray, log_weight: np.ndarray, k: 
     samples = np.full(len(so), np.nan)
     samples[informative] = (weights * so).sum(axis=1)[informative] / weights.sum(axis=1)[informative]
     if not informative.any():
-        return FixedKScore(k, 0.5, samples, informative, tau)
+        zeros = np.zeros(len(so))
+        return FixedKScore(k, 0.5, samples, informative, tau, zeros, zeros)
     pooled = np.exp(logs - logs.max())
-    return FixedKScore(k, float(pooled[so].sum() / pooled[typed].sum()), samples, informative, tau)
+    return FixedKScore(k, float(pooled[so].sum() / pooled[typed].sum()), samples, informative, tau,
+                       np.where(so, pooled, 0.0).sum(axis=1), np.where(typed, pooled, 0.0).sum(axis=1))
 
 
-def robustness_index(neighbour_index: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int) -> FixedKScore:
-    """RI at k from the (n, >=k) nearest other-group neighbours (-1 = missing)."""
-    so, os_ = _typed_slots(neighbour_index, biology, confounder, k)
+def robustness_index(neighbour_index: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int,
+                     anchor_rows: np.ndarray | None = None) -> FixedKScore:
+    """RI at k from the (anchors, >=k) nearest other-group neighbours (-1 = missing) of the samples
+    ``anchor_rows`` (None: every sample, in order)."""
+    so, os_ = _typed_slots(neighbour_index, biology, confounder, k, anchor_rows)
     return _weighted_share(so, os_, np.zeros(so.shape), k, float("nan"))
 
 
 def typed_distance_median(
-    neighbour_index: np.ndarray, neighbour_distance: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int
+    neighbour_index: np.ndarray, neighbour_distance: np.ndarray, biology: np.ndarray, confounder: np.ndarray, k: int,
+    anchor_rows: np.ndarray | None = None,
 ) -> float:
     """MaRI's default tau: the median SO/OS distance in the top-k sets, TAU_FALLBACK if none or 0."""
-    so, os_ = _typed_slots(neighbour_index, biology, confounder, k)
+    so, os_ = _typed_slots(neighbour_index, biology, confounder, k, anchor_rows)
     typed = neighbour_distance[:, :k][so | os_]
     tau = float(np.median(typed)) if typed.size else float("nan")
     return tau if np.isfinite(tau) and tau > 0.0 else TAU_FALLBACK
@@ -171,13 +186,14 @@ def margin_aware_robustness_index(
     confounder: np.ndarray,
     k: int,
     tau: float | None = None,
+    anchor_rows: np.ndarray | None = None,
 ) -> FixedKScore:
     """MaRI at k: RI with each typed neighbour weighted exp(-d / tau) (tau > 0; None = auto)."""
     if tau is None:
-        tau = typed_distance_median(neighbour_index, neighbour_distance, biology, confounder, k)
+        tau = typed_distance_median(neighbour_index, neighbour_distance, biology, confounder, k, anchor_rows)
     if not tau > 0.0:
         raise ValueError(f"tau must be > 0, got {tau}")
-    so, os_ = _typed_slots(neighbour_index, biology, confounder, k)
+    so, os_ = _typed_slots(neighbour_index, biology, confounder, k, anchor_rows)
     log_weight = np.where(so | os_, -neighbour_distance[:, :k] / tau, -np.inf)
     return _weighted_share(so, os_, log_weight, k, float(tau))
 
@@ -191,16 +207,19 @@ def balanced_accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(np.mean(hits[present] / support[present]))
 
 
-def knn_balanced_accuracy(neighbour_index: np.ndarray, labels: np.ndarray, k_values: Iterable[int]) -> dict[int, float]:
+def knn_balanced_accuracy(neighbour_index: np.ndarray, labels: np.ndarray, k_values: Iterable[int],
+                          anchor_rows: np.ndarray | None = None) -> dict[int, float]:
     """Leave-one-out k-NN balanced accuracy at each k (neighbours as from ``knn_excluding_groups``).
 
     Votes among the first min(k, available) neighbours; ties go to the smallest label code.
-    Samples with no neighbour at all are left out.
+    Samples with no neighbour at all are left out. Rows of ``neighbour_index`` are the samples
+    ``anchor_rows`` (None: all, in order).
     """
     wanted = sorted({int(k) for k in k_values})
     if wanted[-1] > neighbour_index.shape[1]:
         raise ValueError(f"k={wanted[-1]} needs {wanted[-1]} neighbours per sample, got {neighbour_index.shape[1]}")
-    n, n_classes = len(labels), int(labels.max()) + 1
+    n, n_classes = len(neighbour_index), int(labels.max()) + 1
+    truth = labels if anchor_rows is None else labels[anchor_rows]
     found = neighbour_index >= 0
     votes_for = labels[np.where(found, neighbour_index, 0)]
     used = found[:, 0]
@@ -210,7 +229,7 @@ def knn_balanced_accuracy(neighbour_index: np.ndarray, labels: np.ndarray, k_val
     for column in range(wanted[-1]):
         counts[rows, votes_for[:, column]] += found[:, column]
         if column + 1 in wanted:
-            scores[column + 1] = balanced_accuracy(labels[used], counts[used].argmax(axis=1))
+            scores[column + 1] = balanced_accuracy(truth[used], counts[used].argmax(axis=1))
     return scores
 
 

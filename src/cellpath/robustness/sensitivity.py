@@ -29,8 +29,9 @@ SWEEP_COLUMNS = ["parameter", "value", "croma_median", "f0", "ltm", "n_undefined
 
 def margin_sweep(features: ArrayLike, biology: ArrayLike, confounder: ArrayLike, group: ArrayLike,
                  m_values: Sequence[int], alpha: float = 0.10,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> pd.DataFrame:
-    """Median CRoMa_m, F(0) and LTM_alpha at each m of ``m_values`` (rows in the order given).
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, anchors: np.ndarray | None = None) -> pd.DataFrame:
+    """Median CRoMa_m, F(0) and LTM_alpha at each m of ``m_values`` (rows in the order given),
+    over every sample or over ``anchors`` (row positions, searched against every candidate).
 
     A sample without m neighbours of a type is undefined at that m (counted in ``n_undefined``);
     raises ValueError when no sample has ``max(m_values)`` of each type."""
@@ -41,7 +42,8 @@ def margin_sweep(features: ArrayLike, biology: ArrayLike, confounder: ArrayLike,
     labels = encode_labels(len(x), biology, confounder, group)
     largest = max(m_values)
     check_typed_support(labels, largest)
-    typed = typed_neighbours(l2_normalise(x), labels.biology, labels.confounder, labels.group, largest, chunk_size)
+    typed = typed_neighbours(l2_normalise(x), labels.biology, labels.confounder, labels.group, largest, chunk_size,
+                             anchors=anchors)
     rows = []
     for m in m_values:
         margins = croma_margins(typed.so[:, :m], typed.os[:, :m])

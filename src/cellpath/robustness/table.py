@@ -48,6 +48,10 @@ class RobustnessScores:
     their top k, ``ri_samples``/``mari_samples`` the per-anchor shares (NaN outside support), ``tau``
     MaRI's temperature. ``bio_bacc``/``conf_bacc``: k-NN balanced accuracy at ``k`` for the biology
     and the confounder; ``bio_bacc_by_k`` the biological curve over the k's that were scored.
+    ``anchors``: None when every sample was scored; else the row positions of the scored anchors,
+    and every per-sample array follows them (``sampling.py``: the panel-scale estimator).
+    ``ri_parts`` / ``mari_parts``: per-anchor (SO, SO + OS) evidence, which the pooled RI / MaRI are
+    ratios of sums of (for bootstrap intervals).
     """
 
     m: int
@@ -70,6 +74,9 @@ class RobustnessScores:
     bio_bacc: float
     conf_bacc: float
     bio_bacc_by_k: dict[int, float]
+    anchors: np.ndarray | None = None
+    ri_parts: tuple[np.ndarray, np.ndarray] | None = None
+    mari_parts: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def n_undefined(self) -> int:
@@ -119,6 +126,7 @@ def score_embeddings(
     alpha: float = 0.10,
     tau: float | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    anchors: np.ndarray | None = None,
 ) -> RobustnessScores:
     """Score an (n, d) embedding against per-sample biology, confounder and group labels.
 
@@ -127,6 +135,9 @@ def score_embeddings(
     k-NN probes; None selects this model's k* (first maximiser of biological k-NN balanced
     accuracy over the ``k_candidates`` below n). ``tau``: MaRI temperature (None = the median
     SO/OS distance at k). Undefined margins are counted in the result, never dropped silently.
+    ``anchors`` (row positions): score only those samples, each searched exactly against every
+    candidate; the margins, RI, MaRI and k-NN accuracies are then estimates from the anchors
+    (``sampling.stratified_anchors`` draws them, ``sampling.bootstrap_intervals`` bounds them).
 
     Raises:
         ValueError: non-finite features (the error counts the bad rows), label arrays of the wrong
@@ -143,18 +154,19 @@ def score_embeddings(
     labels = encode_labels(n, biology, confounder, group)
     check_typed_support(labels, m)
 
+    rows = None if anchors is None else np.asarray(anchors, dtype=np.int64)
     unit = l2_normalise(x)
-    typed = typed_neighbours(unit, labels.biology, labels.confounder, labels.group, m, chunk_size)
+    typed = typed_neighbours(unit, labels.biology, labels.confounder, labels.group, m, chunk_size, anchors=rows)
     margins = croma_margins(typed.so, typed.os)
     tail = lower_tail(margins.values, alpha)
 
-    nearest = knn_excluding_groups(unit, labels.group, max(k_values), chunk_size)
-    bio_curve = knn_balanced_accuracy(nearest.index, labels.biology, k_values)
+    nearest = knn_excluding_groups(unit, labels.group, max(k_values), chunk_size, anchors=rows)
+    bio_curve = knn_balanced_accuracy(nearest.index, labels.biology, k_values, rows)
     k_used = k_values[0] if k is not None else select_k(bio_curve, k_values)
-    conf_bacc = knn_balanced_accuracy(nearest.index, labels.confounder, [k_used])[k_used]
-    ri = robustness_index(nearest.index, labels.biology, labels.confounder, k_used)
+    conf_bacc = knn_balanced_accuracy(nearest.index, labels.confounder, [k_used], rows)[k_used]
+    ri = robustness_index(nearest.index, labels.biology, labels.confounder, k_used, rows)
     mari = margin_aware_robustness_index(
-        nearest.index, nearest.distance, labels.biology, labels.confounder, k_used, tau
+        nearest.index, nearest.distance, labels.biology, labels.confounder, k_used, tau, rows
     )
     return RobustnessScores(
         m=m, k=k_used, alpha=alpha, margins=margins.values, defined=margins.defined,
@@ -162,7 +174,8 @@ def score_embeddings(
         median=median_margin(margins.values), f0=fraction_non_positive(margins.values),
         ltm=tail.ltm, q_alpha=tail.q_alpha, ri=ri.value, mari=mari.value, support=ri.support,
         tau=mari.tau, ri_samples=ri.samples, mari_samples=mari.samples,
-        bio_bacc=bio_curve[k_used], conf_bacc=conf_bacc, bio_bacc_by_k=bio_curve,
+        bio_bacc=bio_curve[k_used], conf_bacc=conf_bacc, bio_bacc_by_k=bio_curve, anchors=rows,
+        ri_parts=(ri.so_weight, ri.typed_weight), mari_parts=(mari.so_weight, mari.typed_weight),
     )
 
 

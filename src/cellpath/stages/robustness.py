@@ -12,7 +12,10 @@ accuracy over the candidate k's; the shared k is the lower median of the models'
 (magnification, readout, taxonomy, scope, unit). Outputs (under the reports folder):
 
 - ``robustness/summary.csv``: one row per (model, magnification, readout, taxonomy, scope, unit);
-- ``robustness/margins.parquet``: every cell's CRoMa margin (NaN where undefined) for failure analysis;
+  a unit of more than ``robustness.full_max_cells`` cells is scored on ``robustness.anchors``
+  stratified anchors, each searched against every cell, and its median, F(0), LTM, RI and MaRI
+  carry bootstrap 95 % intervals (``<metric>_low`` / ``_high``; NaN where every cell was scored);
+- ``robustness/margins.parquet``: every scored cell's CRoMa margin (NaN where undefined) for failure analysis;
 - ``robustness/low_margin_enrichment.csv``: cell type, organ and section shares of the worst decile;
 - ``robustness/shortcut.csv``: the shortcut probe's accuracy curves, ``shortcut_summary.csv`` APD / nIPD;
 - ``robustness/agreement.csv``: rank agreement of the metrics across models (and with nIPD);
@@ -207,14 +210,16 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
             for unit, unit_rows in scoring_units(cells, scope, cfg.confounder):
                 condition = {"magnification": magnification, "readout": readout, "taxonomy": taxonomy,
                              "scope": scope, "unit": unit}
+                biology, confounder = cells[taxonomy].to_numpy()[unit_rows], cells[cfg.confounder].to_numpy()[unit_rows]
                 unit_data = _UnitData(
-                    {s.slug: readout_matrix(bases[s.slug], readout)[unit_rows] for s in specs},
-                    cells[taxonomy].to_numpy()[unit_rows], cells[cfg.confounder].to_numpy()[unit_rows],
-                    {s.slug: groups[s.slug][unit_rows] for s in specs})
+                    {s.slug: readout_matrix(bases[s.slug], readout)[unit_rows] for s in specs}, biology, confounder,
+                    {s.slug: groups[s.slug][unit_rows] for s in specs}, _anchors(biology, confounder, cfg))
+                scored = unit_rows if unit_data.anchors is None else np.asarray(unit_rows)[unit_data.anchors]
                 for spec, result, own_k in _score_models(specs, unit_data, cfg):
-                    rows.append({"model": spec.name, **condition, "confounder": cfg.confounder, **result.summary(),
-                                 "k_selected": own_k})
-                    margins = _margin_frame(cells.iloc[unit_rows], result.margins, spec.name, condition, taxonomy)
+                    rows.append({"model": spec.name, **condition, "confounder": cfg.confounder,
+                                 "n_cells": len(unit_rows), **result.summary(), "k_selected": own_k,
+                                 **_intervals(result, unit_data, cfg)})
+                    margins = _margin_frame(cells.iloc[scored], result.margins, spec.name, condition, taxonomy)
                     margin_frames.append(margins)
                     enrichment = low_margin_enrichment(result.margins, margins,
                                                        columns=("cell_type", "organ", "section_id"),
@@ -232,12 +237,40 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
 
 @dataclass(frozen=True)
 class _UnitData:
-    """One scoring unit's rows: features per model slug, biology and confounder labels, groups per model slug."""
+    """One scoring unit's rows: features per model slug, biology and confounder labels, groups per
+    model slug, and the anchors scored (positions in the unit; None: every cell)."""
 
     features: dict[str, np.ndarray]
     biology: np.ndarray
     confounder: np.ndarray
     groups: dict[str, np.ndarray]
+    anchors: np.ndarray | None
+
+
+def _strata(biology: np.ndarray, confounder: np.ndarray) -> np.ndarray:
+    """Each cell's (biology, confounder) cell, as one label."""
+    return np.char.add(np.char.add(biology.astype(str), "\x1f"), confounder.astype(str))
+
+
+def _anchors(biology: np.ndarray, confounder: np.ndarray, cfg: RobustnessConfig) -> np.ndarray | None:
+    """None (score every cell) up to ``robustness.full_max_cells``; above, the stratified anchors
+    (the same for every model of the unit, so their scores stay paired)."""
+    from cellpath.robustness.sampling import stratified_anchors
+
+    if len(biology) <= cfg.full_max_cells:
+        return None
+    return stratified_anchors(_strata(biology, confounder), cfg.anchors, seed=0)
+
+
+def _intervals(result, unit: _UnitData, cfg: RobustnessConfig) -> dict[str, float]:
+    """``<metric>_low`` / ``<metric>_high``: the anchors' bootstrap 95 % interval (NaN when every cell was scored)."""
+    from cellpath.robustness.sampling import INTERVAL_METRICS, bootstrap_intervals
+
+    if unit.anchors is None:
+        return {f"{name}_{end}": float("nan") for name in INTERVAL_METRICS for end in ("low", "high")}
+    strata = _strata(unit.biology, unit.confounder)[unit.anchors]
+    intervals = bootstrap_intervals(result, strata, n_boot=cfg.bootstrap, seed=0)
+    return {f"{name}_{end}": getattr(intervals[name], end) for name in INTERVAL_METRICS for end in ("low", "high")}
 
 
 def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConfig) -> list[tuple]:
@@ -248,7 +281,7 @@ def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConf
 
     def score(spec, k):
         return score_embeddings(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
-                                m=cfg.m, k=k, alpha=cfg.alpha)
+                                m=cfg.m, k=k, alpha=cfg.alpha, anchors=unit.anchors)
 
     first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
     own = {spec.slug: int(result.k) for spec, result in first}
@@ -265,7 +298,7 @@ def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: R
         frames.append(tail_sweep(margins, cfg.sensitivity.alphas))
     if cfg.sensitivity.m_max is not None:
         frames.append(margin_sweep(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
-                                   range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha))
+                                   range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha, anchors=unit.anchors))
     return frames
 
 
