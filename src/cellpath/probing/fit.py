@@ -405,8 +405,14 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
 
 
 def _design(rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """(n, D + 1) float64: the standardised rows and a ones column (the intercept)."""
-    return np.concatenate([standardised(rows, scaler), np.ones((len(rows), 1))], axis=1)
+    """(n, D + 1) float64: the standardised rows and a ones column (the intercept), built in place
+    (the values of :func:`standardised`, without its intermediate copy)."""
+    mean, sd = scaler
+    out = np.empty((len(rows), len(mean) + 1))
+    np.subtract(rows, mean, out=out[:, :-1])
+    out[:, :-1] /= sd
+    out[:, -1] = 1.0
+    return out
 
 
 def _fit_task_scipy(source: RowSource, y: np.ndarray, n_classes: int, task: ProbeTask, c_grid: tuple[float, ...],
