@@ -91,3 +91,14 @@ def test_cli_plan_prints_a_table_and_json(at_root, tiny_features, tmp_path, caps
     assert "filterbank-dense" in table and "not estimated (no measured cost or size): probe, robustness" in table
     assert main([*args, "--preset", "paper"]) == 0
     assert "derived 304,920: matches" in capsys.readouterr().out
+
+
+def test_robustness_cost_is_quadratic_up_to_the_anchor_threshold_then_linear(tmp_path):
+    from cellpath.stages.plan import robustness_cost
+
+    bench = tmp_path / "robustness.json"
+    bench.write_text(json.dumps({"settings": {"d": 8}, "runs": [{"n": 1000, "ours_seconds": 2.0}]}))
+    assert robustness_cost(500, bench, full_max_cells=100_000, anchors=20_000)[0] == pytest.approx(0.5)
+    # 7M cells above the threshold: 20,000 anchors × 7M candidates at the measured 2 s / 1,000² pairs.
+    seconds, source = robustness_cost(7_000_000, bench, full_max_cells=100_000, anchors=20_000)
+    assert seconds == pytest.approx(2.0 * 20_000 * 7_000_000 / 1000**2) and "20,000 anchors" in source

@@ -196,16 +196,21 @@ def probe_cost(reports: Path, bench: Path) -> tuple[float, str] | None:
     return None
 
 
-def robustness_cost(n_cells: int, bench: Path) -> tuple[float, str] | None:
-    """Seconds to score one model on one condition of ``n_cells``: the benchmark's nearest size, ×(n/n₀)²."""
+def robustness_cost(n_cells: int, bench: Path, full_max_cells: int, anchors: int) -> tuple[float, str] | None:
+    """Seconds to score one model on one condition of ``n_cells``, from the benchmark's nearest size
+    n₀ (a full, exact scoring: n₀² anchor–candidate pairs): × (n / n₀)² up to ``full_max_cells``; above,
+    the stage scores ``anchors`` anchors against all n cells, so × anchors·n / n₀²."""
     record = _read_json(bench)
     measured = [r for r in (record or {}).get("runs", []) if r.get("ours_seconds")]
     if not measured:
         return None
     nearest = min(measured, key=lambda r: abs(r["n"] - n_cells))
-    scale = (n_cells / nearest["n"]) ** 2
-    return nearest["ours_seconds"] * scale, (f"{bench} (n = {nearest['n']:,}, d = {record['settings']['d']}; "
-                                             f"× (n / {nearest['n']:,})², exact search is quadratic)")
+    n0 = nearest["n"]
+    source = f"{bench} (n = {n0:,}, d = {record['settings']['d']}; "
+    if n_cells <= full_max_cells:
+        return nearest["ours_seconds"] * (n_cells / n0) ** 2, source + f"× (n / {n0:,})², exact search is quadratic)"
+    return (nearest["ours_seconds"] * anchors * n_cells / n0**2,
+            source + f"× {anchors:,} anchors · n / {n0:,}²: anchors above {full_max_cells:,} cells)")
 
 
 def robustness_conditions(params: Params, encoders: list[EncoderSpec], panel: dict) -> list[int]:
@@ -260,7 +265,8 @@ def build_plan(params: Params, data_dir: Path, reports: Path, benchmarks: Path, 
                                None if preset == "current" else "runs uncapped (max_train_cells: null): the measured "
                                "cost is of runs of at most the default's training cells, so this is a lower bound"))
     conditions = robustness_conditions(params, encoders, panel)
-    costs = [robustness_cost(n, benchmarks / "robustness.json") for n in sorted(set(conditions))]
+    costs = [robustness_cost(n, benchmarks / "robustness.json", params.robustness.full_max_cells,
+                             params.robustness.anchors) for n in sorted(set(conditions))]
     by_n = dict(zip(sorted(set(conditions)), costs))
     if conditions and all(by_n.values()):
         seconds = sum(by_n[n][0] for n in conditions)
