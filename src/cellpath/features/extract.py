@@ -4,13 +4,18 @@ The slide is cut into the encoder's non-overlapping input-size patches at the ta
 (:mod:`cellpath.features.tiling`); only patches holding at least one nucleus are read (tiatoolbox, at that
 mpp, padded white beyond the slide). Each patch is encoded once; every cell in it gets its Nuc
 (bilinear sample of the token grid at the nucleus), Mean (mean of the patch's grid tokens) and
-Cls (class token, when the encoder has one) from that single forward pass.
+Cls (class token, when the encoder has one) from that single forward pass. Patches are read by one
+background thread up to ``read_ahead`` batches ahead of the forward pass, so reading and encoding
+overlap; the reader is only ever used by that thread, and batches are encoded in order, so the
+features do not depend on ``read_ahead``.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -43,16 +48,37 @@ def _batches(patches: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
         yield patches[start:start + batch_size]
 
 
+def read_ahead(reader, grid: PatchGrid, batches: Iterator[np.ndarray],
+               depth: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(patch indices, patches) per batch, in order, read by one background thread up to ``depth``
+    batches ahead of the caller (0: read in the caller's thread, on demand)."""
+    if depth == 0:
+        for batch in batches:
+            yield batch, read_patches(reader, grid, batch)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="patch-reader") as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.submit(read_patches, reader, grid, batch)))
+            if len(pending) > depth:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+
 def extract_cells(encoder: Encoder, reader, placement: CellPlacement, *, batch_size: int,
-                  progress: str | None = None) -> dict[str, np.ndarray]:
-    """Nuc, Mean and (if available) Cls per cell, rows in the order of ``placement``."""
+                  progress: str | None = None, read_ahead_batches: int = 2) -> dict[str, np.ndarray]:
+    """Nuc, Mean and (if available) Cls per cell, rows in the order of ``placement``; patches are
+    read ``read_ahead_batches`` batches ahead of the forward pass (see the module docstring)."""
     spec = encoder.spec
     patches = np.unique(placement.patch_index)
     n_cells = len(placement.patch_index)
     out: dict[str, np.ndarray] = {}
     bar = tqdm(total=len(patches), desc=progress, unit="patch", disable=progress is None, leave=False)
-    for batch in _batches(patches, batch_size):
-        cls, grid_tokens = encoder.forward_tokens(read_patches(reader, placement.grid, batch))
+    for batch, images in read_ahead(reader, placement.grid, _batches(patches, batch_size), read_ahead_batches):
+        cls, grid_tokens = encoder.forward_tokens(images)
         local = {p: i for i, p in enumerate(batch)}
         cells = np.flatnonzero(np.isin(placement.patch_index, batch))
         where = np.array([local[p] for p in placement.patch_index[cells]], dtype=np.int64)

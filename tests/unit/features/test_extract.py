@@ -138,3 +138,33 @@ def test_sections_no_longer_evaluated_are_pruned_from_the_persistent_output(tmp_
     assert prune_other_folders(tmp_path, {"kept"}) == ["dropped"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".kept.tmp-1-abc", "kept"]
     assert prune_other_folders(tmp_path / "absent", {"kept"}) == []
+
+
+def test_patches_read_ahead_arrive_in_order_read_by_one_thread():
+    """The read-ahead yields the same batches and pixels as on-demand reading, in order, and only its
+    one background thread touches the reader."""
+    import threading
+
+    from cellpath.features.extract import _batches, read_ahead
+    from cellpath.features.tiling import place_cells
+
+    class Reader:  # each patch is filled with its level-0 x origin, so order mistakes show
+        def __init__(self):
+            self.threads = set()
+
+        def read_rect(self, location, size, **_):
+            self.threads.add(threading.get_ident())
+            return np.full((*size, 3), location[0] % 251, dtype=np.uint8)
+
+    xy = np.array([[x, 50.0] for x in range(20, 4000, 120)])
+    placement = place_cells(xy, np.full(len(xy), 30.0), slide_size=(4100, 300), slide_mpp=0.25, target_mpp=0.5,
+                            input_size=32)
+    patches = np.unique(placement.patch_index)
+    on_demand = list(read_ahead(Reader(), placement.grid, _batches(patches, 4), depth=0))
+    reader = Reader()
+    ahead = list(read_ahead(reader, placement.grid, _batches(patches, 4), depth=3))
+    assert len(ahead) == len(on_demand) > 3
+    for (batch_a, images_a), (batch_b, images_b) in zip(on_demand, ahead):
+        np.testing.assert_array_equal(batch_a, batch_b)
+        np.testing.assert_array_equal(images_a, images_b)
+    assert len(reader.threads) == 1 and threading.get_ident() not in reader.threads
