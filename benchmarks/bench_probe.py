@@ -45,7 +45,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from cellpath.config import load_params, parse_params
 from cellpath.features.encoders.registry import selected_encoders
-from cellpath.features.panel import load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.features.panel import PanelFeatures, load_panel_cells, panel_matrix
 from cellpath.probing import fit as probe
 from cellpath.probing.fit import ProbeTask, fit_tasks, standardised, standardiser
 from cellpath.probing.plan import class_codes
@@ -233,7 +233,7 @@ def main() -> None:
     evaluated = selected_encoders(params.extract.registry, params.extract.encoders)
     spec = next(s for s in evaluated if args.encoder in (s.name, s.slug))
     panel = load_panel_cells(Path("data"), params.panel)
-    x = readout_matrix(load_base_readouts(Path("data/features"), spec.slug, args.magnification, panel), "Nuc")
+    x = panel_matrix(PanelFeatures(Path("data/features"), spec.slug, args.magnification, panel).readout("Nuc"))
     plans = plan_magnification(params, Path("data"), panel, [spec], args.magnification)
     taxonomies = {}
     for taxonomy, runs in plans.items():

@@ -364,14 +364,15 @@ def _panel_cells(panel: dict):
 
 
 def _nan_on_read(tmp: Path, panel: dict, _mp) -> Scenario:
-    from cellpath.features.panel import load_base_readouts
+    from cellpath.features.panel import PanelFeatures, panel_matrix
 
     folder, _ = _features_scenario(tmp, panel)
     cells = _panel_cells(panel)
     nuc = np.load(folder / "Nuc.npy")
     nuc[cells.rows_in_section[SECTION][3], 5] = np.nan  # one evaluated cell
     np.save(folder / "Nuc.npy", nuc)
-    return Scenario(lambda: load_base_readouts(tmp / "data" / "features", ENCODER, MAG, cells), [folder])
+    return Scenario(lambda: panel_matrix(PanelFeatures(tmp / "data" / "features", ENCODER, MAG, cells).readout("Nuc")),
+                    [folder])
 
 
 def _nan_on_write(tmp: Path, panel: dict, _mp) -> Scenario:

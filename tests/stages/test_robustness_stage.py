@@ -113,9 +113,10 @@ def test_patch_groups_match_the_extraction_tiling(tiny_features):
     assert len(set(groups[in_breast_a])) <= sidecar["n_patches"]
     assert all(g.startswith("breast_a:") for g in groups[in_breast_a])
     # Cells sharing a patch share its Mean readout exactly: the reason a patch is a group.
-    from cellpath.features.panel import load_base_readouts
+    from cellpath.features.panel import PanelFeatures, panel_matrix
 
-    mean = load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel)["Mean"]
+    mean = panel_matrix(PanelFeatures(tiny_features["data_dir"] / "features", "filterbank-dense", "10x",
+                                      panel).readout("Mean"))
     first = groups[0]
     same = np.flatnonzero(groups == first)
     assert len(same) > 1 and np.allclose(mean[same], mean[same[0]])
@@ -130,14 +131,15 @@ def test_organ_scope_needs_two_confounder_levels():
 def test_k_selected_is_each_models_own_k_and_the_shortcut_records_its_condition(stage, tiny_features):
     """``k_selected`` is the model's own k* (the first maximiser of its biological k-NN accuracy, as
     score_embeddings selects it alone), and the shortcut summary names its confounder and runs."""
-    from cellpath.features.panel import load_base_readouts, load_panel_cells, readout_matrix
+    from cellpath.features.panel import PanelFeatures, load_panel_cells, panel_matrix
     from cellpath.robustness import score_embeddings
 
     params = stage["params"]
     summary = stage["summary"]
     panel = load_panel_cells(tiny_features["data_dir"], params.panel)
     row = summary[(summary["readout"] == "Nuc") & (summary["scope"] == "panel")].iloc[0]
-    x = readout_matrix(load_base_readouts(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel), "Nuc")
+    x = panel_matrix(PanelFeatures(tiny_features["data_dir"] / "features", "filterbank-dense", "10x",
+                                   panel).readout("Nuc"))
     groups = cell_groups(tiny_features["data_dir"], panel, None, "10x", params.robustness)
     alone = score_embeddings(x, panel.cells["coarse"].to_numpy(), panel.cells["section_id"].to_numpy(), groups)
     assert row["k_selected"] == alone.k
@@ -169,7 +171,7 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
         features[f"model-{i}"] = x
     own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    unit = _UnitData(features, biology, confounder, {s.slug: groups for s in specs}, None)
+    unit = _UnitData(features.__getitem__, biology, confounder, {s.slug: groups for s in specs}, None)
     scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
     assert [result.k for _, result, _ in scored] == [k, k, k]

@@ -178,17 +178,9 @@ class ReadoutRows:
         return self.features.n_rows
 
 
-def load_base_readouts(features_root: Path, encoder_slug: str, magnification: str,
-                       panel: PanelCells) -> dict[str, np.ndarray]:
-    """Nuc, Mean (and Cls) float32 matrices over all the panel's cell rows, in memory (robustness)."""
-    features = PanelFeatures(features_root, encoder_slug, magnification, panel)
-    every = np.arange(features.n_rows)
-    return {name: features.base(name, every) for name in features.bases}
-
-
-def readout_matrix(base: dict[str, np.ndarray], readout: str) -> np.ndarray:
-    """A readout's per-cell features from the base readouts (fusions computed here, never stored)."""
-    return np.asarray(compose_readout(readout, base["Nuc"], base["Mean"], base.get("Cls")), dtype=np.float32)
+def panel_matrix(rows: ReadoutRows) -> np.ndarray:
+    """A readout over every panel row, in memory (float32): for computations that need the whole matrix."""
+    return rows.take(np.arange(len(rows)))
 
 
 def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnification: str) -> np.ndarray:

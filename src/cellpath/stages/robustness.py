@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +40,8 @@ import pandas as pd
 from cellpath.config import Params, RobustnessConfig
 from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
-from cellpath.features.panel import PanelCells, encoder_patch_ids, load_base_readouts, load_panel_cells, readout_matrix
+from cellpath.features.panel import (PanelCells, PanelFeatures, ReadoutRows, encoder_patch_ids, load_panel_cells,
+                                     panel_matrix)
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
@@ -203,7 +206,8 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
     panel = read_context(context)
     cells = panel.cells
     groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in specs}
-    bases = {spec.slug: load_base_readouts(features_dir(data_dir), spec.slug, magnification, panel) for spec in specs}
+    features = {spec.slug: PanelFeatures(features_dir(data_dir), spec.slug, magnification, panel).readout(readout)
+                for spec in specs}  # memory-mapped: one model's unit matrix is read at a time
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
     for taxonomy in cfg.taxonomies:
         for scope in cfg.scopes:
@@ -212,7 +216,7 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                              "scope": scope, "unit": unit}
                 biology, confounder = cells[taxonomy].to_numpy()[unit_rows], cells[cfg.confounder].to_numpy()[unit_rows]
                 unit_data = _UnitData(
-                    {s.slug: readout_matrix(bases[s.slug], readout)[unit_rows] for s in specs}, biology, confounder,
+                    partial(_unit_matrix, features, np.asarray(unit_rows)), biology, confounder,
                     {s.slug: groups[s.slug][unit_rows] for s in specs}, _anchors(biology, confounder, cfg))
                 scored = unit_rows if unit_data.anchors is None else np.asarray(unit_rows)[unit_data.anchors]
                 for spec, result, own_k in _score_models(specs, unit_data, cfg):
@@ -237,14 +241,20 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
 
 @dataclass(frozen=True)
 class _UnitData:
-    """One scoring unit's rows: features per model slug, biology and confounder labels, groups per
-    model slug, and the anchors scored (positions in the unit; None: every cell)."""
+    """One scoring unit's rows: the features of a model slug (read when called, so only one model's
+    matrix is held at a time), biology and confounder labels, groups per model slug, and the
+    anchors scored (positions in the unit; None: every cell)."""
 
-    features: dict[str, np.ndarray]
+    features: Callable[[str], np.ndarray]
     biology: np.ndarray
     confounder: np.ndarray
     groups: dict[str, np.ndarray]
     anchors: np.ndarray | None
+
+
+def _unit_matrix(features: dict[str, ReadoutRows], unit_rows: np.ndarray, slug: str) -> np.ndarray:
+    """One model's readout over a unit's rows (float32, read from the memory-mapped store)."""
+    return features[slug].take(unit_rows)
 
 
 def _strata(biology: np.ndarray, confounder: np.ndarray) -> np.ndarray:
@@ -280,7 +290,7 @@ def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConf
     from cellpath.robustness import score_embeddings, shared_k
 
     def score(spec, k):
-        return score_embeddings(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
+        return score_embeddings(unit.features(spec.slug), unit.biology, unit.confounder, unit.groups[spec.slug],
                                 m=cfg.m, k=k, alpha=cfg.alpha, anchors=unit.anchors)
 
     first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
@@ -297,7 +307,7 @@ def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: R
     if cfg.sensitivity.alphas:
         frames.append(tail_sweep(margins, cfg.sensitivity.alphas))
     if cfg.sensitivity.m_max is not None:
-        frames.append(margin_sweep(unit.features[spec.slug], unit.biology, unit.confounder, unit.groups[spec.slug],
+        frames.append(margin_sweep(unit.features(spec.slug), unit.biology, unit.confounder, unit.groups[spec.slug],
                                    range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha, anchors=unit.anchors))
     return frames
 
@@ -328,7 +338,7 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
     cfg = robustness.shortcut
     panel = read_context(context)
     cells = panel.cells
-    x = readout_matrix(load_base_readouts(features_dir(data_dir), spec.slug, magnification, panel), cfg.readout)
+    x = panel_matrix(PanelFeatures(features_dir(data_dir), spec.slug, magnification, panel).readout(cfg.readout))
     groups = cell_groups(data_dir, panel, spec, magnification, robustness)
     try:
         sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
