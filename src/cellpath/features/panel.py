@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from cellpath.errors import InputError
-from cellpath.features.readouts import compose_readout
+from cellpath.features.readouts import compose_readout, readout_bases
 from cellpath.features.store import artifact_dir, cell_order_digest, open_artifact, read_sidecar
 from cellpath.io.layout import panels_csv, section_labels
 from cellpath.io.sections import read_section_index, read_section_obs
@@ -166,9 +166,13 @@ class ReadoutRows:
     name: str
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        needed = {"Nuc", "Mean", *(["Cls"] if "Cls" in self.features.bases else [])}
-        bases = {name: self.features.base(name, rows) for name in needed}
-        return np.asarray(compose_readout(self.name, bases["Nuc"], bases["Mean"], bases.get("Cls")), dtype=np.float32)
+        """float32 ``(len(rows), width)``: only the base readouts this readout is made of are read."""
+        missing = [name for name in readout_bases(self.name) if name not in self.features.bases]
+        if missing:
+            raise ValueError(f"readout {self.name} needs {', '.join(missing)}, which {self.features.label} lacks")
+        bases = {name: self.features.base(name, rows) for name in readout_bases(self.name)}
+        return np.asarray(compose_readout(self.name, bases.get("Nuc"), bases.get("Mean"), bases.get("Cls")),
+                          dtype=np.float32)
 
     @property
     def width(self) -> int:

@@ -110,8 +110,16 @@ def readout_available(spec: EncoderSpec, readout: str) -> bool:
     return spec.has_cls or readout not in CLS_READOUTS
 
 
-def compose_readout(readout: str, nuc: Array, mean: Array, cls: Array | None = None) -> Array:
-    """Per-cell features of ``readout`` from the per-cell base readouts (each (N, D))."""
+def readout_bases(readout: str) -> tuple[str, ...]:
+    """The stored base readouts ``readout`` is composed of (itself for a base; Nuc and the other for a fusion)."""
+    if readout not in READOUTS:
+        raise ValueError(f"unknown readout {readout!r}; choose from {', '.join(READOUTS)}")
+    return (readout,) if readout not in FUSIONS else ("Nuc", FUSIONS[readout][0])
+
+
+def compose_readout(readout: str, nuc: Array | None, mean: Array | None, cls: Array | None = None) -> Array:
+    """Per-cell features of ``readout`` from the per-cell base readouts (each (N, D); those it does
+    not use, :func:`readout_bases`, may be None)."""
     if readout not in READOUTS:
         raise ValueError(f"unknown readout {readout!r}; choose from {', '.join(READOUTS)}")
     if readout in CLS_READOUTS and cls is None:

@@ -52,3 +52,15 @@ def test_a_non_finite_row_is_refused_when_read_naming_the_file(tiny_features, tm
         features.base("Nuc", np.arange(10))
     assert str(path) in str(caught.value)
     features.base("Mean", np.arange(10))  # the other readout is intact
+
+
+def test_a_readout_reads_only_its_bases_and_a_missing_one_is_named(tiny_features, monkeypatch):
+    panel = load_panel_cells(tiny_features["data_dir"], tiny_features["params"].panel)
+    features = PanelFeatures(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel)
+    read = []
+    original = features.base
+    monkeypatch.setattr(features, "base", lambda name, rows: read.append(name) or original(name, rows))
+    features.readout("Mean").take(np.arange(5))
+    assert read == ["Mean"]
+    with pytest.raises(ValueError, match="readout N\\+C needs Cls, which encoder filterbank-dense, 10x lacks"):
+        features.readout("N+C").take(np.arange(5))

@@ -125,3 +125,12 @@ def test_cls_readouts_are_unavailable_without_a_class_token():
             compose_readout(readout, nuc, nuc, None)
     with pytest.raises(ValueError, match="unknown readout"):
         compose_readout("N*M", nuc, nuc)
+
+
+def test_each_readout_names_the_stored_bases_it_is_made_of():
+    from cellpath.features.readouts import readout_bases
+
+    assert [readout_bases(r) for r in ("Nuc", "Mean", "Cls", "N+M", "N||C")] == [
+        ("Nuc",), ("Mean",), ("Cls",), ("Nuc", "Mean"), ("Nuc", "Cls")]
+    with pytest.raises(ValueError, match="unknown readout 'N-M'"):
+        readout_bases("N-M")
