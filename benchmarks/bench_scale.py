@@ -45,9 +45,10 @@ def blas() -> list[dict]:
             for info in threadpool_info()]
 
 
-def stage_params(data_dir: Path, budget_mb: int, max_iter: int, panel: str) -> dict:
+def stage_params(data_dir: Path, budget_mb: int, max_iter: int, panel: str, looo_seeds: int) -> dict:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw.update({"panel": panel, "protocol": "looo"})
+    raw["probe"]["seeds"] = {**raw["probe"]["seeds"], "looo": looo_seeds}
     raw["extract"].update({"encoders": [SLUG], "magnifications": ["20x"],
                            "registry": str(ROOT / "models" / "encoders.yaml")})
     raw["probe"].update({"readouts": ["Nuc"], "taxonomies": ["fine"], "c_grid": [1.0], "max_iter": max_iter,
@@ -80,22 +81,32 @@ print(json.dumps({"wall_s": time.perf_counter() - started,
                   "peak_anon_rss_mb": peak_anon[0] / 1024,
                   "runs": len(ok), "largest_train": int(ok["n_train"].max()),
                   "lbfgs_iterations": int(ok["lbfgs_iterations"].max()),
-                  "fit_seconds": float(ok["fit_seconds"].sum())}))
+                  "fit_seconds": float(ok["fit_seconds"].sum()),
+                  "per_run": ok[["n_train", "n_val", "n_test", "n_classes", "lbfgs_iterations", "fit_seconds"]].astype(float)
+                  .to_dict("records")}))
 """
 
 
-def run_stage(workdir: Path, data_dir: Path, budget_mb: int, max_iter: int, panel: str) -> dict:
+def run_stage(workdir: Path, data_dir: Path, budget_mb: int, max_iter: int, panel: str, looo_seeds: int) -> dict:
     """The probe stage in a fresh child process (fresh shard folder): its JSON line."""
     reports = workdir / "reports"
     shutil.rmtree(reports, ignore_errors=True)
     shutil.rmtree(data_dir / "work", ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in SLOW_BLAS_VARIABLES} | {"HF_HUB_OFFLINE": "1"}
-    raw = stage_params(data_dir, budget_mb, max_iter, panel)
+    raw = stage_params(data_dir, budget_mb, max_iter, panel, looo_seeds)
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw), str(data_dir), str(reports)], env=env,
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"probe stage failed (budget {budget_mb} MB):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def commit() -> str:
+    """The git commit the measurement ran at, with ``-dirty`` when the tree had changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=ROOT)
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def spread(values: list[float]) -> dict:
@@ -111,6 +122,10 @@ def main() -> None:
     parser.add_argument("--baseline-budget-mb", type=int, default=16_384)
     parser.add_argument("--max-iter", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--looo-seeds", type=int, nargs="+", default=[2],
+                        help="LOOO seeds per size (one value for all sizes, or one per size)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the sizes already in --out that this run does not measure")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cellpath-scale"))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
@@ -122,7 +137,10 @@ def main() -> None:
                                                                     * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
                "blas": blas(), "encoder": ENCODER, "width": args.width, "sections": N_SECTIONS,
                "budget_mb": args.budget_mb, "max_iter": args.max_iter, "sizes": []}
+    seeds_per_size = dict(zip(args.sizes, args.looo_seeds * len(args.sizes) if len(args.looo_seeds) == 1
+                              else args.looo_seeds, strict=True))
     for size in args.sizes:
+        looo_seeds = seeds_per_size[size]
         workdir = args.workdir / f"n{size}"
         shutil.rmtree(workdir, ignore_errors=True)
         started = time.perf_counter()
@@ -130,15 +148,17 @@ def main() -> None:
                                     width=args.width, encoder=SLUG)
         written = time.perf_counter() - started
         disk = sum(p.stat().st_size for p in (workdir / "data" / "features").rglob("*.npy"))
-        entry = {"n_cells": panel.n_cells, "write_seconds": round(written, 1), "feature_bytes": disk}
+        entry = {"n_cells": panel.n_cells, "looo_seeds": looo_seeds, "commit": commit(),
+                 "write_seconds": round(written, 1), "feature_bytes": disk}
         print(f"n = {panel.n_cells:,}: features written in {written:.0f} s ({disk / 1e9:.1f} GB)", flush=True)
         streamed, in_memory = [], []
         for _ in range(args.repeats if size in args.baseline_sizes else 1):
-            streamed.append(run_stage(workdir, workdir / "data", args.budget_mb, args.max_iter, panel.panel))
+            streamed.append(run_stage(workdir, workdir / "data", args.budget_mb, args.max_iter, panel.panel,
+                                      looo_seeds))
             print("  streamed", streamed[-1], flush=True)
             if size in args.baseline_sizes:
                 in_memory.append(run_stage(workdir, workdir / "data", args.baseline_budget_mb, args.max_iter,
-                                           panel.panel))
+                                           panel.panel, looo_seeds))
                 print("  in memory", in_memory[-1], flush=True)
         entry["streamed"] = streamed
         entry["peak_rss_mb"] = spread([r["peak_rss_mb"] for r in streamed])
@@ -155,6 +175,10 @@ def main() -> None:
                                          for a, b in zip(streamed, in_memory)])}
         results["sizes"].append(entry)
         shutil.rmtree(workdir, ignore_errors=True)
+    if args.merge and args.out.is_file():
+        measured = {entry["n_cells"] for entry in results["sizes"]}
+        kept = [entry for entry in json.loads(args.out.read_text())["sizes"] if entry["n_cells"] not in measured]
+        results["sizes"] = sorted(kept + results["sizes"], key=lambda entry: entry["n_cells"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
