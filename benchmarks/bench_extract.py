@@ -6,8 +6,10 @@ the encoder's bare ``forward_tokens`` on the very same patches already in memory
 raw_time / pipeline_time is the share of time spent in the model (target: ≥ 0.9, i.e. tiling,
 reading and sampling cost ≤ 10 %). The pipeline runs with patches read ahead on a background
 thread (the default, ``read_ahead_batches`` 2) and, as the baseline, read on demand in the main
-thread (0, the behaviour before #21); the three alternate ``--repeats`` times and the medians and
-ranges of the ratios are reported, with threadpoolctl's BLAS report. Writes
+thread (0, the behaviour before #21), and from the shared patch store a second encoder of the same
+input size reads (``cellpath.features.patch_cache``). Reading alone is timed too: patches/s one
+reader delivers from the slide and from the store. All alternate ``--repeats`` times and the
+medians and ranges of the ratios are reported, with threadpoolctl's BLAS report. Writes
 benchmarks/results/extract.json.
 
 Usage: python benchmarks/bench_extract.py [--encoder random-vit-s16] [--magnification 40x] [--section ID]
@@ -20,6 +22,8 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +35,7 @@ from cellpath.config import load_params
 from cellpath.features.encoders.loading import load_encoder
 from cellpath.features.encoders.registry import load_registry
 from cellpath.features.extract import extract_cells, read_patches
+from cellpath.features.patch_cache import PatchStore, patch_store_path
 from cellpath.features.tiling import place_section_cells
 from cellpath.io.layout import raw_dir
 from cellpath.io.sections import read_section_index, read_section_table
@@ -57,7 +62,8 @@ def main() -> None:
     placement = place_section_cells(table.obs, row, target_mpp=MAGNIFICATION_MPP[args.magnification],
                                     input_size=spec.input_size)
     encoder = load_encoder(spec, weights_dir=ROOT / params.extract.weights_dir)
-    slide = open_slide(raw_dir(data) / row["raw_folder"] / row["he_image"], mpp=float(row["he_mpp"]))
+    slide_path = raw_dir(data) / row["raw_folder"] / row["he_image"]
+    slide = open_slide(slide_path, mpp=float(row["he_mpp"]))
     batch = params.extract.batch_size
     patches = np.unique(placement.patch_index)
     encoder.forward_tokens(read_patches(slide, placement.grid, patches[:2]))  # warm-up
@@ -69,12 +75,23 @@ def main() -> None:
         run()
         return time.perf_counter() - started
 
-    ahead, on_demand, raw = [], [], []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-extract-"))
+    store = patch_store_path(scratch, row["section_id"], Path(slide_path), placement.grid)
+    extract_cells(encoder, slide, placement, batch_size=batch, patch_store=store)  # fills the shared store
+    shared = PatchStore(store)
+    blocks = [patches[i:i + batch] for i in range(0, len(patches), batch)]
+
+    ahead, on_demand, from_store, raw, read_slide, read_store = [], [], [], [], [], []
     for _ in range(args.repeats):
         ahead.append(timed(lambda: extract_cells(encoder, slide, placement, batch_size=batch, read_ahead_batches=2)))
         on_demand.append(timed(lambda: extract_cells(encoder, slide, placement, batch_size=batch,
                                                      read_ahead_batches=0)))
+        from_store.append(timed(lambda: extract_cells(encoder, slide, placement, batch_size=batch,
+                                                      patch_store=store)))
         raw.append(timed(lambda: [encoder.forward_tokens(block) for block in images]))
+        read_slide.append(timed(lambda: [read_patches(slide, placement.grid, block) for block in blocks]))
+        read_store.append(timed(lambda: [shared.take(block) for block in blocks]))
+    shutil.rmtree(scratch)
 
     def spread(values: list[float]) -> dict:
         return {"median": round(float(np.median(values)), 3), "min": round(min(values), 3),
@@ -93,6 +110,13 @@ def main() -> None:
         "ratio_raw_over_pipeline": spread([r / a for r, a in zip(raw, ahead)]),
         "ratio_raw_over_on_demand": spread([r / o for r, o in zip(raw, on_demand)]),
         "ratio_on_demand_over_read_ahead": spread([o / a for o, a in zip(on_demand, ahead)]),
+        "from_store_s": [round(t, 2) for t in from_store],
+        "ratio_raw_over_from_store": spread([r / f for r, f in zip(raw, from_store)]),
+        "read_patches_per_s": {"slide": spread([len(patches) / t for t in read_slide]),
+                               "shared_store": spread([len(patches) / t for t in read_store])},
+        "ratio_store_read_rate_over_slide": spread([a / b for a, b in zip(read_slide, read_store)]),
+        "read_note": ("patches/s one reader thread delivers (slide: tiatoolbox read_rect; shared_store: the "
+                      "memory-mapped patch store that the first encoder of a (section, mpp, input size) fills)"),
         "target_ratio": 0.9,
         "blas": [{k: info.get(k) for k in ("internal_api", "version", "num_threads")} for info in threadpool_info()],
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -155,6 +155,7 @@ class ExtractConfig(_Strict):
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+    patch_cache: bool = True  # share read patches between encoders (data/.work/patches; results unchanged)
 
 
 

@@ -7,7 +7,9 @@ mpp, padded white beyond the slide). Each patch is encoded once; every cell in i
 Cls (class token, when the encoder has one) from that single forward pass. Patches are read by one
 background thread up to ``read_ahead`` batches ahead of the forward pass, so reading and encoding
 overlap; the reader is only ever used by that thread, and batches are encoded in order, so the
-features do not depend on ``read_ahead``.
+features do not depend on ``read_ahead``. The patches read are kept in a shared store in the work
+folder (:mod:`cellpath.features.patch_cache`), so every other encoder with the same input size at
+the same mpp reads them from there instead of the slide.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -68,16 +71,44 @@ def read_ahead(reader, grid: PatchGrid, batches: Iterator[np.ndarray],
             yield done, future.result()
 
 
+def patch_batches(reader, grid: PatchGrid, patches: np.ndarray, batch_size: int, read_ahead_batches: int,
+                  store: Path | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(patch indices, patches) per batch of ``patches`` (ascending): from the shared patch store at
+    ``store`` when it holds them all, else read from the slide (``read_ahead``) and, with ``store``
+    given, written to it once every patch was read (:mod:`cellpath.features.patch_cache`)."""
+    from cellpath.features.patch_cache import StoreWriter, open_store
+
+    cached = None if store is None else open_store(store, patches)
+    if cached is not None:
+        for batch in _batches(patches, batch_size):
+            yield batch, cached.take(batch)
+        return
+    writer = None if store is None else StoreWriter(store, patches, grid.input_size)
+    try:
+        for batch, images in read_ahead(reader, grid, _batches(patches, batch_size), read_ahead_batches):
+            if writer is not None:
+                writer.write(batch, images)
+            yield batch, images
+        if writer is not None:
+            writer.commit()
+            writer = None
+    finally:
+        if writer is not None:
+            writer.discard()
+
+
 def extract_cells(encoder: Encoder, reader, placement: CellPlacement, *, batch_size: int,
-                  progress: str | None = None, read_ahead_batches: int = 2) -> dict[str, np.ndarray]:
+                  progress: str | None = None, read_ahead_batches: int = 2,
+                  patch_store: Path | None = None) -> dict[str, np.ndarray]:
     """Nuc, Mean and (if available) Cls per cell, rows in the order of ``placement``; patches are
-    read ``read_ahead_batches`` batches ahead of the forward pass (see the module docstring)."""
+    read ``read_ahead_batches`` batches ahead of the forward pass, or from the shared patch store
+    ``patch_store`` (see the module docstring and :func:`patch_batches`)."""
     spec = encoder.spec
     patches = np.unique(placement.patch_index)
     n_cells = len(placement.patch_index)
     out: dict[str, np.ndarray] = {}
     bar = tqdm(total=len(patches), desc=progress, unit="patch", disable=progress is None, leave=False)
-    for batch, images in read_ahead(reader, placement.grid, _batches(patches, batch_size), read_ahead_batches):
+    for batch, images in patch_batches(reader, placement.grid, patches, batch_size, read_ahead_batches, patch_store):
         cls, grid_tokens = encoder.forward_tokens(images)
         local = {p: i for i, p in enumerate(batch)}
         cells = np.flatnonzero(np.isin(placement.patch_index, batch))

@@ -1,5 +1,6 @@
 """extract: frozen-encoder features (Nuc, Mean, Cls) of every cell for one encoder at one
-magnification, one executor task per section, into ``data/features/<slug>/<magnification>/``."""
+magnification, one executor task per section, into ``data/features/<slug>/<magnification>/``.
+Patches are shared between encoders through ``data/.work/patches/`` (``extract.patch_cache``)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
     from cellpath import __version__
     from cellpath.features.encoders.registry import load_registry, resolve_encoder
     from cellpath.features.extract import FEATURE_CODE_VERSION
+    from cellpath.features.patch_cache import patch_store_path
     from cellpath.features.store import artifact_dir, expected_sidecar, is_complete
     from cellpath.features.tiling import place_section_cells
     from cellpath.runtime.executor import Task, run_tasks
+    from cellpath.runtime.shards import work_dir
     from cellpath.vocabulary import MAGNIFICATION_MPP
 
     cfg = params.extract
@@ -53,10 +56,12 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
                                     code_version=f"{__version__}+features{FEATURE_CODE_VERSION}",
                                     cell_ids=table.obs_names.to_numpy())
         slide = (raw_dir(data_dir) / row.raw_folder / row.he_image).resolve()
+        store = patch_store_path(work_dir(data_dir, "patches"), row.section_id, slide, placement.grid) \
+            if cfg.patch_cache else None
         sizes.append((row.section_id, table.n_obs, len(set(placement.patch_index))))
         tasks.append(Task(f"extract-{spec.slug}-{magnification}-{row.section_id}", extract_section,
                           (cfg, weights_dir, spec, slide, float(row.he_mpp), placement, expected,
-                           f"{spec.slug} {magnification} {row.section_id}"),
+                           f"{spec.slug} {magnification} {row.section_id}", store),
                           artifact_dir(root, spec.slug, magnification, row.section_id),
                           is_complete=partial(is_complete, expected=expected), gpu=cfg.device == "cuda"))
     stale = prune_other_folders(root / spec.slug / magnification, {section_id for section_id, _, _ in sizes})
@@ -77,7 +82,8 @@ def run(params: Params, data_dir: Path, encoder_name: str, magnification: str) -
 
 def _write_timing(params: Params, data_dir: Path, slug: str, magnification: str, sizes: list[tuple[str, int, int]],
                   outcomes: list) -> None:
-    """Per-patch costs of the sections computed, for `cellpath plan` (in the work folder: no stage output)."""
+    """Per-patch costs of the sections computed, to set beside `cellpath plan`'s estimate (in the work folder: no
+    stage output)."""
     import torch
 
     from cellpath.runtime.shards import work_dir
@@ -112,8 +118,9 @@ def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
 
 
 def extract_section(out: Path, cfg, weights_dir: Path, spec, slide: Path, slide_mpp: float, placement, expected: dict,
-                    progress: str) -> None:
-    """Task: one section's base readouts and sidecar, as the feature artifact folder ``out``."""
+                    progress: str, patch_store: Path | None = None) -> None:
+    """Task: one section's base readouts and sidecar, as the feature artifact folder ``out``; patches
+    from (or into) the shared store ``patch_store`` when given."""
     from cellpath.features import store as feature_store
     from cellpath.features.extract import extract_cells
     from cellpath.io.wsi import open_slide
@@ -123,6 +130,6 @@ def extract_section(out: Path, cfg, weights_dir: Path, spec, slide: Path, slide_
         raise InputError(f"{spec.name}: the weights changed during extraction (revision {encoder.revision}, "
                          f"expected {expected['revision']}); rerun the extract stage", path=weights_dir)
     readouts = extract_cells(encoder, open_slide(slide, mpp=slide_mpp), placement, batch_size=cfg.batch_size,
-                             progress=progress)
+                             progress=progress, patch_store=patch_store)
     feature_store.write_artifact(out, readouts, expected | {"weights": encoder.weights,
                                                             "n_patches": int(len(set(placement.patch_index)))})
