@@ -1,4 +1,4 @@
-"""Scale: the probe stage on a synthetic panel of 0.1M–7M cells at D = 1,280, wall time and peak RSS.
+"""Scale: the probe and robustness stages on synthetic panels of 0.1M–7M cells at D = 1,280: wall time, peak RSS.
 
 The panel is written straight into the feature store (``cellpath.simulation.feature_store``): 25
 sections (the paper's S25), five organs, float16 Nuc and Mean at 20×, written under the Virchow2
@@ -13,7 +13,19 @@ design to be built in memory, which is the pre-#21 behaviour for the fits. The t
 ``--repeats`` times, and the median ratio and its range are reported, for wall time and for peak
 RSS. At larger sizes only the streamed run is made (the in-memory one does not fit).
 
-Usage: python benchmarks/bench_scale.py [--sizes 100000 1000000] [--baseline-sizes 100000]
+Robustness (at ``--robustness-sizes``): the robustness stage on the same kind of panel (Nuc, Tfine,
+the panel scope, no shortcut probe or sensitivity sweep), once per size: exact up to
+``--full-max-cells``, anchor-sampled (``--anchors``) above. Wall time and peak heap.
+
+Cost model (``--calibrate``): the per-unit costs of ``cellpath.runtime.costs`` are fitted from these
+runs (the probe's cost per iteration from ``--max-iter`` vs ``--calibration-max-iter`` at
+``--calibration-size``; the robustness cost per pair from ``--robustness-calibration-sizes``) and
+written to ``src/cellpath/data/costs.json``. Every run then gets the model's estimate beside its
+measurement (``estimates``: estimate ÷ measured, and whether all lie within 2×), the sizes the
+model was not fitted on being the check of it.
+
+Usage: python benchmarks/bench_scale.py [--sizes 100000 300000] [--baseline-sizes 100000]
+       [--robustness-sizes 50000 100000 300000 1000000] [--merge] [--calibrate]
        [--budget-mb 512] [--max-iter 3] [--repeats 3] [--workdir /tmp/cellpath-scale]
 """
 
@@ -32,6 +44,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 from threadpoolctl import threadpool_info
+
+from cellpath.io.layout import work_root
+from cellpath.runtime.costs import CostModel, ExtractCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODER = "Virchow2"  # D = 1,280
@@ -87,11 +102,62 @@ print(json.dumps({"wall_s": time.perf_counter() - started,
 """
 
 
+ROBUSTNESS_CHILD = """
+import json, resource, sys, threading, time
+from pathlib import Path
+import pandas as pd
+from cellpath.config import parse_params
+from cellpath.stages.robustness import run
+raw, data_dir, reports = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+peak_anon = [0]
+def watch():
+    while True:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon:"):
+                peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
+        time.sleep(0.05)
+threading.Thread(target=watch, daemon=True).start()
+started = time.perf_counter()
+summary = run(parse_params(raw), data_dir, reports, root=reports.parent)
+print(json.dumps({"wall_s": time.perf_counter() - started,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_anon_rss_mb": peak_anon[0] / 1024,
+                  "units": summary[["n_cells"]].astype(int).to_dict("records"),
+                  "croma_median": summary["croma_median"].astype(float).tolist(),
+                  "croma_median_low": summary["croma_median_low"].astype(float).tolist(),
+                  "croma_median_high": summary["croma_median_high"].astype(float).tolist()}))
+"""
+
+
+def robustness_params(panel: str, full_max_cells: int, anchors: int) -> dict:
+    """The robustness stage on Nuc, Tfine, the panel scope (no shortcut probe, no sensitivity sweep)."""
+    raw = stage_params(Path("."), 512, 3, panel, 1)
+    raw["robustness"].update({"readouts": ["Nuc"], "taxonomies": ["fine"], "scopes": ["panel"],
+                              "magnifications": ["20x"], "full_max_cells": full_max_cells, "anchors": anchors})
+    raw["robustness"]["shortcut"] = {**raw["robustness"]["shortcut"], "enabled": False}
+    raw["robustness"]["sensitivity"] = {"alphas": [], "m_max": None}
+    return raw
+
+
+def run_robustness(workdir: Path, data_dir: Path, panel: str, full_max_cells: int, anchors: int) -> dict:
+    """The robustness stage in a fresh child process (fresh shard folder): its JSON line."""
+    reports = workdir / "reports"
+    shutil.rmtree(reports, ignore_errors=True)
+    shutil.rmtree(work_root(data_dir), ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in SLOW_BLAS_VARIABLES} | {"HF_HUB_OFFLINE": "1"}
+    raw = robustness_params(panel, full_max_cells, anchors)
+    done = subprocess.run([sys.executable, "-c", ROBUSTNESS_CHILD, json.dumps(raw), str(data_dir), str(reports)],
+                          env=env, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"robustness stage failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_stage(workdir: Path, data_dir: Path, budget_mb: int, max_iter: int, panel: str, looo_seeds: int) -> dict:
     """The probe stage in a fresh child process (fresh shard folder): its JSON line."""
     reports = workdir / "reports"
     shutil.rmtree(reports, ignore_errors=True)
-    shutil.rmtree(data_dir / "work", ignore_errors=True)
+    shutil.rmtree(work_root(data_dir), ignore_errors=True)  # no shard of an earlier run is reused
     env = {k: v for k, v in os.environ.items() if k not in SLOW_BLAS_VARIABLES} | {"HF_HUB_OFFLINE": "1"}
     raw = stage_params(data_dir, budget_mb, max_iter, panel, looo_seeds)
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw), str(data_dir), str(reports)], env=env,
@@ -114,74 +180,264 @@ def spread(values: list[float]) -> dict:
             "values": [round(v, 4) for v in values]}
 
 
+def measure_probe(args: argparse.Namespace, size: int, looo_seeds: int) -> dict:
+    """Write a panel of ``size`` cells and run the probe stage on it (streamed; at baseline sizes
+    alternated with the in-memory baseline; at the calibration size also at ``--calibration-max-iter``)."""
+    from cellpath.simulation.feature_store import write_feature_panel
+
+    workdir = args.workdir / f"n{size}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    started = time.perf_counter()
+    panel = write_feature_panel(workdir / "data", n_sections=N_SECTIONS, cells_per_section=size // N_SECTIONS,
+                                width=args.width, encoder=SLUG)
+    written = time.perf_counter() - started
+    disk = sum(p.stat().st_size for p in (workdir / "data" / "features").rglob("*.npy"))
+    entry = {"n_cells": panel.n_cells, "looo_seeds": looo_seeds, "commit": commit(),
+             "write_seconds": round(written, 1), "feature_bytes": disk}
+    print(f"n = {panel.n_cells:,}: features written in {written:.0f} s ({disk / 1e9:.1f} GB)", flush=True)
+    data = workdir / "data"
+    streamed, in_memory = [], []
+    for _ in range(args.repeats if size in args.baseline_sizes else 1):
+        streamed.append(run_stage(workdir, data, args.budget_mb, args.max_iter, panel.panel, looo_seeds))
+        print("  streamed", _brief(streamed[-1]), flush=True)
+        if size in args.baseline_sizes:
+            in_memory.append(run_stage(workdir, data, args.baseline_budget_mb, args.max_iter, panel.panel, looo_seeds))
+            print("  in memory", _brief(in_memory[-1]), flush=True)
+    entry["streamed"] = streamed
+    entry["peak_rss_mb"] = spread([r["peak_rss_mb"] for r in streamed])
+    entry["peak_anon_rss_mb"] = spread([r["peak_anon_rss_mb"] for r in streamed])
+    entry["memory_note"] = ("peak_rss counts the memory-mapped features' resident pages (file-backed, "
+                            "reclaimable); peak_anon_rss is the heap: the interpreter and torch (~0.7 GB), "
+                            "the panel's cell table and plan, and the fits' working memory, bounded by budget_mb")
+    if in_memory:
+        entry["in_memory"] = in_memory
+        entry["ratio_streamed_over_in_memory"] = {
+            "wall": spread([a["wall_s"] / b["wall_s"] for a, b in zip(streamed, in_memory)]),
+            "peak_rss": spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(streamed, in_memory)]),
+            "peak_anon_rss": spread([a["peak_anon_rss_mb"] / b["peak_anon_rss_mb"]
+                                     for a, b in zip(streamed, in_memory)])}
+    if size == args.calibration_size:
+        entry["calibration_max_iter"] = args.calibration_max_iter
+        entry["calibration"] = {
+            "streamed": run_stage(workdir, data, args.budget_mb, args.calibration_max_iter, panel.panel, looo_seeds),
+            "in_memory": run_stage(workdir, data, args.baseline_budget_mb, args.calibration_max_iter, panel.panel,
+                                   looo_seeds)}
+        print("  calibration", {k: _brief(v) for k, v in entry["calibration"].items()}, flush=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return entry
+
+
+def measure_robustness(args: argparse.Namespace, size: int) -> dict:
+    """Write a panel of ``size`` cells and run the robustness stage on it once (exact up to
+    ``--full-max-cells``, anchor-sampled above)."""
+    from cellpath.simulation.feature_store import write_feature_panel
+
+    workdir = args.workdir / f"r{size}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    panel = write_feature_panel(workdir / "data", n_sections=N_SECTIONS, cells_per_section=size // N_SECTIONS,
+                                width=args.width, encoder=SLUG)
+    measured = run_robustness(workdir, workdir / "data", panel.panel, args.full_max_cells, args.anchors)
+    shutil.rmtree(workdir, ignore_errors=True)
+    entry = {"n_cells": panel.n_cells, "commit": commit(), "full_max_cells": args.full_max_cells,
+             "anchors": args.anchors, "mode": "full" if panel.n_cells <= args.full_max_cells else "anchors",
+             **measured}
+    print(f"robustness n = {panel.n_cells:,} ({entry['mode']}):", _brief(entry), flush=True)
+    return entry
+
+
+def _brief(record: dict) -> dict:
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in record.items()
+            if k not in ("per_run", "units", "croma_median_low", "croma_median_high")}
+
+
+def calibrate(results: dict) -> CostModel:
+    """Per-unit costs from the calibration runs (see the module docstring of ``cellpath.runtime.costs``)."""
+    from cellpath.runtime.costs import DeviceCosts, ProbeCosts, RobustnessCosts
+
+    width = results["width"]
+    columns = width + 1
+    entry = next(e for e in results["sizes"] if "calibration" in e)
+    per_iteration, per_pass = {}, {}
+    for mode in ("streamed", "in_memory"):
+        low = entry[mode][int(np.argsort([r["wall_s"] for r in entry[mode]])[len(entry[mode]) // 2])]
+        high = entry["calibration"][mode]
+        # the stage's summed fit time at two iteration caps, over the same runs (shapes from per_run)
+        rows = list(zip(low["per_run"], high["per_run"], strict=True))
+        row_iterations = sum(a["n_train"] * (b["lbfgs_iterations"] - a["lbfgs_iterations"]) for a, b in rows)
+        per_iteration[mode] = (high["fit_seconds"] - low["fit_seconds"]) / (row_iterations * columns)
+        passes = sum(a["n_train"] + a["n_val"] + a["n_test"] for a, _ in rows)
+        iterated = sum(a["n_train"] * a["lbfgs_iterations"] for a, _ in rows) * columns * per_iteration[mode]
+        per_pass[mode] = max((low["fit_seconds"] - iterated) / (columns * passes), 0.0)
+    heaps = sorted((e["n_cells"], e["peak_anon_rss_mb"]["median"] * 1024**2) for e in results["sizes"]
+                   if e["n_cells"] in results["heap_calibration_sizes"])
+    per_cell = (heaps[1][1] - heaps[0][1]) / (heaps[1][0] - heaps[0][0])  # both streamed: the fit holds the budget
+    base = heaps[0][1] - per_cell * heaps[0][0] - results["budget_mb"] * 1024**2
+    iterations = _default_iterations()
+    probe = ProbeCosts(seconds_per_iteration=per_iteration, seconds_per_pass=per_pass,
+                       iterations_per_c=iterations["median"], iterations_range=(iterations["p25"], iterations["p75"]),
+                       iterations_source=iterations["source"], heap_base_bytes=base, heap_bytes_per_cell=per_cell,
+                       source=f"benchmarks/bench_scale.py at {entry['commit']}: n = {entry['n_cells']:,}, "
+                              f"max_iter {results['max_iter']} and {entry['calibration_max_iter']}; heap: the line through "
+                              f"n = {heaps[0][0]:,} and {heaps[1][0]:,}")
+    robustness = None
+    runs = {r["mode"]: r for r in sorted(results.get("robustness", []), key=lambda r: r["n_cells"])
+            if r["n_cells"] in results["robustness_calibration_sizes"]}
+    if {"full", "anchors"} <= set(runs):
+        full, sampled = runs["full"], runs["anchors"]
+        (n_low, heap_low), (n_high, heap_high) = [(r["n_cells"], r["peak_anon_rss_mb"] * 1024**2)
+                                                  for r in (full, sampled)]
+        per_cell_feature = (heap_high - heap_low) / ((n_high - n_low) * width)
+        robustness = RobustnessCosts(
+            seconds_per_pair_full=full["wall_s"] / (full["n_cells"] ** 2 * width),
+            seconds_per_pair_anchor=sampled["wall_s"] / (sampled["anchors"] * sampled["n_cells"] * width),
+            heap_base_bytes=heap_low - per_cell_feature * n_low * width, heap_bytes_per_cell_feature=per_cell_feature,
+            cores=results["machine"]["cpus"],
+            source=f"benchmarks/bench_scale.py at {full['commit']}: full at n = {full['n_cells']:,}, "
+                   f"{sampled['anchors']:,} anchors at n = {sampled['n_cells']:,}; heap: the line through both")
+    return CostModel(machine={**results["machine"], "blas": results["blas"]},
+                     devices={"cpu": DeviceCosts(probe=probe, robustness=robustness, extract=_extract_costs())})
+
+
+def _default_iterations() -> dict:
+    """L-BFGS iterations per C to convergence on the default run's probe table (the simulated panel)."""
+    import pandas as pd
+
+    from cellpath.io.layout import probe_runs_parquet
+
+    path = probe_runs_parquet(ROOT / "reports")
+    runs = pd.read_parquet(path)
+    ok = runs[(runs["status"] == "ok") & runs["converged"].astype(bool)]
+    iterations = ok["lbfgs_iterations"].astype(float)
+    return {"median": float(iterations.median()), "p25": float(iterations.quantile(0.25)),
+            "p75": float(iterations.quantile(0.75)),
+            "source": f"{path.relative_to(ROOT)}: {len(ok)} converged fits of the default (simulated) panel, "
+                      "the slowest C of each; real features may need more"}
+
+
+def _extract_costs() -> ExtractCosts:
+    """Seconds per GFLOP from the extraction benchmark's delivered rate, and patches per cell at 20×
+    from the default run's feature sidecars."""
+    from cellpath.features.encoders.registry import load_registry
+    from cellpath.features.store import read_sidecar
+    from cellpath.runtime.costs import parameter_count, patch_gflop
+    from cellpath.vocabulary import MAGNIFICATION_MPP
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "extract.json").read_text())
+    spec = load_registry(ROOT / "models" / "encoders.yaml")[record["encoder"]]
+    gflop = patch_gflop(parameter_count(spec.params), spec.input_size, spec.patch_size, spec.num_prefix_tokens)
+    sidecars = [read_sidecar(p.parent) for p in (ROOT / "data" / "features").rglob("sidecar.json")]
+    at_20x = [s for s in sidecars if s and s["magnification"] == "20x" and s["tiling"]["input_size"] == 224]
+    per_cell = sum(int(s["n_patches"]) for s in at_20x) / sum(int(s["n_cells"]) for s in at_20x)
+    reference = MAGNIFICATION_MPP["20x"]
+    return ExtractCosts(seconds_per_gflop=1.0 / (record["pipeline_patches_per_s"] * gflop),
+                        patches_per_cell_224={m: per_cell * (reference / mpp) ** 2
+                                              for m, mpp in MAGNIFICATION_MPP.items()},
+                        cores=record["machine"]["cpus"],
+                        source=f"benchmarks/results/extract.json ({record['encoder']}, {gflop:.2f} GFLOP per patch, "
+                               f"{record['pipeline_patches_per_s']} patches/s delivered); patches per cell: the "
+                               f"default run's 20× sidecars ({len(at_20x)}: sections × encoders, simulated tissue), "
+                               "scaled by patch area to 40× and 10×")
+
+
+def estimate(results: dict, model: CostModel) -> dict:
+    """The cost model's estimate beside every measurement, and their ratio (estimate ÷ measured)."""
+    from cellpath.runtime.costs import probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes, robustness_seconds
+
+    costs = model.costs("cpu")
+    rows = []
+    for entry in results["sizes"]:
+        records = [("streamed", results["budget_mb"], r) for r in entry["streamed"]]
+        records += [("in_memory", results["baseline_budget_mb"], r) for r in entry.get("in_memory", [])]
+        for mode, budget, record in records:
+            if "per_run" not in record:
+                continue
+            seconds = sum(probe_fit_seconds(costs.probe, n_train=int(r["n_train"]), n_val=int(r["n_val"]),
+                                            n_test=int(r["n_test"]), width=results["width"],
+                                            n_classes=int(r["n_classes"]), iterations=r["lbfgs_iterations"],
+                                            budget_mb=budget) for r in record["per_run"])
+            largest = max(record["per_run"], key=lambda r: r["n_train"])
+            heap = probe_heap_bytes(costs.probe, entry["n_cells"], budget, n_train=int(largest["n_train"]),
+                                    width=results["width"], n_classes=int(largest["n_classes"])) / 1024**2
+            rows.append({"stage": "probe", "mode": mode, "n_cells": entry["n_cells"], "measured_s": record["wall_s"],
+                         "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
+                         "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,
+                         "ratio_heap": heap / record["peak_anon_rss_mb"]})
+    for record in results.get("robustness", []):
+        seconds = robustness_seconds(costs.robustness, record["n_cells"], results["width"],
+                                     full_max_cells=record["full_max_cells"], anchors=record["anchors"])
+        heap = robustness_heap_bytes(costs.robustness, record["n_cells"], results["width"]) / 1024**2
+        rows.append({"stage": "robustness", "mode": record["mode"], "n_cells": record["n_cells"],
+                     "measured_s": record["wall_s"], "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
+                     "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,
+                     "ratio_heap": heap / record["peak_anon_rss_mb"]})
+    ratios = [r[key] for r in rows for key in ("ratio_s", "ratio_heap") if r[key] is not None]
+    return {"rows": rows, "within_2x": bool(ratios) and all(0.5 <= r <= 2.0 for r in ratios),
+            "ratio_range": [min(ratios), max(ratios)] if ratios else None}
+
+
+def write_results(path: Path, results: dict) -> None:
+    """``results`` as JSON at ``path``, renamed into place whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(partial, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--baseline-sizes", type=int, nargs="*", default=[100_000])
     parser.add_argument("--budget-mb", type=int, default=512)
     parser.add_argument("--baseline-budget-mb", type=int, default=16_384)
     parser.add_argument("--max-iter", type=int, default=3)
+    parser.add_argument("--calibration-size", type=int, default=100_000)
+    parser.add_argument("--calibration-max-iter", type=int, default=9)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--looo-seeds", type=int, nargs="+", default=[2],
                         help="LOOO seeds per size (one value for all sizes, or one per size)")
+    parser.add_argument("--heap-calibration-sizes", type=int, nargs=2, default=[100_000, 1_000_000],
+                        help="the probe heap's line is fitted through these two sizes (the others check it)")
+    parser.add_argument("--robustness-sizes", type=int, nargs="*", default=[50_000, 100_000, 300_000, 1_000_000])
+    parser.add_argument("--robustness-calibration-sizes", type=int, nargs="*", default=[100_000, 300_000])
+    parser.add_argument("--full-max-cells", type=int, default=100_000)
+    parser.add_argument("--anchors", type=int, default=20_000)
     parser.add_argument("--merge", action="store_true",
-                        help="keep the sizes already in --out that this run does not measure")
+                        help="keep the measurements already in --out that this run does not repeat")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="write the cost model (src/cellpath/data/costs.json) from --out's calibration runs")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cellpath-scale"))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
-    from cellpath.simulation.feature_store import write_feature_panel
+    from cellpath.runtime.costs import load_costs, save_costs
 
     results = {"benchmark": "scale", "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "memory_gb": round(os.sysconf("SC_PAGE_SIZE")
                                                                     * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
                "blas": blas(), "encoder": ENCODER, "width": args.width, "sections": N_SECTIONS,
-               "budget_mb": args.budget_mb, "max_iter": args.max_iter, "sizes": []}
+               "budget_mb": args.budget_mb, "baseline_budget_mb": args.baseline_budget_mb, "max_iter": args.max_iter,
+               "heap_calibration_sizes": args.heap_calibration_sizes,
+               "robustness_calibration_sizes": args.robustness_calibration_sizes, "sizes": [], "robustness": []}
     seeds_per_size = dict(zip(args.sizes, args.looo_seeds * len(args.sizes) if len(args.looo_seeds) == 1
                               else args.looo_seeds, strict=True))
     for size in args.sizes:
-        looo_seeds = seeds_per_size[size]
-        workdir = args.workdir / f"n{size}"
-        shutil.rmtree(workdir, ignore_errors=True)
-        started = time.perf_counter()
-        panel = write_feature_panel(workdir / "data", n_sections=N_SECTIONS, cells_per_section=size // N_SECTIONS,
-                                    width=args.width, encoder=SLUG)
-        written = time.perf_counter() - started
-        disk = sum(p.stat().st_size for p in (workdir / "data" / "features").rglob("*.npy"))
-        entry = {"n_cells": panel.n_cells, "looo_seeds": looo_seeds, "commit": commit(),
-                 "write_seconds": round(written, 1), "feature_bytes": disk}
-        print(f"n = {panel.n_cells:,}: features written in {written:.0f} s ({disk / 1e9:.1f} GB)", flush=True)
-        streamed, in_memory = [], []
-        for _ in range(args.repeats if size in args.baseline_sizes else 1):
-            streamed.append(run_stage(workdir, workdir / "data", args.budget_mb, args.max_iter, panel.panel,
-                                      looo_seeds))
-            print("  streamed", streamed[-1], flush=True)
-            if size in args.baseline_sizes:
-                in_memory.append(run_stage(workdir, workdir / "data", args.baseline_budget_mb, args.max_iter,
-                                           panel.panel, looo_seeds))
-                print("  in memory", in_memory[-1], flush=True)
-        entry["streamed"] = streamed
-        entry["peak_rss_mb"] = spread([r["peak_rss_mb"] for r in streamed])
-        entry["peak_anon_rss_mb"] = spread([r["peak_anon_rss_mb"] for r in streamed])
-        entry["memory_note"] = ("peak_rss counts the memory-mapped features' resident pages (file-backed, "
-                                "reclaimable); peak_anon_rss is the heap: the interpreter and torch (~0.7 GB), "
-                                "the panel's cell table and plan, and the fits' working memory, bounded by budget_mb")
-        if in_memory:
-            entry["in_memory"] = in_memory
-            entry["ratio_streamed_over_in_memory"] = {
-                "wall": spread([a["wall_s"] / b["wall_s"] for a, b in zip(streamed, in_memory)]),
-                "peak_rss": spread([a["peak_rss_mb"] / b["peak_rss_mb"] for a, b in zip(streamed, in_memory)]),
-                "peak_anon_rss": spread([a["peak_anon_rss_mb"] / b["peak_anon_rss_mb"]
-                                         for a, b in zip(streamed, in_memory)])}
-        results["sizes"].append(entry)
-        shutil.rmtree(workdir, ignore_errors=True)
+        results["sizes"].append(measure_probe(args, size, seeds_per_size[size]))
+    for size in args.robustness_sizes:
+        results["robustness"].append(measure_robustness(args, size))
     if args.merge and args.out.is_file():
-        measured = {entry["n_cells"] for entry in results["sizes"]}
-        kept = [entry for entry in json.loads(args.out.read_text())["sizes"] if entry["n_cells"] not in measured]
-        results["sizes"] = sorted(kept + results["sizes"], key=lambda entry: entry["n_cells"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        earlier = json.loads(args.out.read_text())
+        for key in ("sizes", "robustness"):
+            measured = {entry["n_cells"] for entry in results[key]}
+            kept = [entry for entry in earlier.get(key, []) if entry["n_cells"] not in measured]
+            results[key] = sorted(kept + results[key], key=lambda entry: entry["n_cells"])
+    write_results(args.out, results)  # the measurements first: a failed calibration loses none of them
+    if args.calibrate:
+        save_costs(calibrate(results))
+        print("wrote src/cellpath/data/costs.json", flush=True)
+    results["estimates"] = estimate(results, load_costs())
+    write_results(args.out, results)
+    print(f"wrote {args.out}; estimate ÷ measured {results['estimates']['ratio_range']}, "
+          f"within 2×: {results['estimates']['within_2x']}")
 
 
 if __name__ == "__main__":

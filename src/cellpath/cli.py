@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cellpath.errors import CellPathError
 from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR
+from cellpath.runtime.costs import COSTS_PATH
 
 log = logging.getLogger("cellpath")
 
@@ -115,8 +116,9 @@ def _plan(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
     from cellpath.stages.plan import build_plan, render
 
-    plan = build_plan(load_params(args.params), Path(args.data_dir), Path(args.reports_dir),
-                      Path(args.benchmarks_dir), preset=args.preset)
+    plan = build_plan(load_params(args.params), Path(args.data_dir), preset=args.preset,
+                      costs_path=Path(args.costs), worker_cores=args.worker_cores,
+                      worker_memory_gb=args.worker_memory_gb, deadline_days=args.deadline_days)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 
@@ -174,8 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "plan":
             stage.add_argument("--preset", choices=["current", "paper"], default="current",
                                help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds")
-            stage.add_argument("--benchmarks-dir", default="benchmarks/results",
-                               help="measured costs (default: %(default)s)")
+            stage.add_argument("--costs", default=str(COSTS_PATH),
+                               help="the cost model (default: the one stored with the code, measured by "
+                                    "benchmarks/bench_scale.py)")
+            stage.add_argument("--worker-cores", type=int, help="cores per worker (default: this machine's)")
+            stage.add_argument("--worker-memory-gb", type=float, help="memory per worker (default: this machine's)")
+            stage.add_argument("--deadline-days", type=float, default=7.0,
+                               help="finish within this many days (default: %(default)s)")
             stage.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 

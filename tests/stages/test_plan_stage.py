@@ -1,4 +1,4 @@
-"""`cellpath plan`: counts from the data or the params, the paper's Table 3, and costs with their sources."""
+"""`cellpath plan`: counts from the data or the params, the paper's Table 3, and costs from the stored cost model."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import yaml
 
 from cellpath.cli import main
 from cellpath.config import load_params, parse_params
+from cellpath.features.encoders.registry import load_registry
+from cellpath.runtime.costs import CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts, save_costs
 from cellpath.stages.plan import PAPER_RUNS, PAPER_TABLE_3, build_plan
 from helpers.project import PROJECT_ROOT
 
@@ -29,8 +31,26 @@ def _tiny(base) -> dict:
     return data
 
 
-def test_paper_preset_derives_table_3_without_data(at_root, tmp_path):
-    plan = build_plan(load_params("params.yaml"), tmp_path / "data", tmp_path / "reports", tmp_path, preset="paper")
+@pytest.fixture
+def costs(tmp_path):
+    """A cost model with round numbers (CPU only): a test file, not the measured one."""
+    model = CostModel(machine={"cpus": 2, "memory_gb": 24}, devices={"cpu": DeviceCosts(
+        probe=ProbeCosts(seconds_per_iteration={"in_memory": 0.0, "streamed": 0.0},
+                         seconds_per_pass={"in_memory": 1e-9, "streamed": 2e-9}, iterations_per_c=100,
+                         iterations_range=(50, 200), iterations_source="test", heap_base_bytes=5e8,
+                         heap_bytes_per_cell=1000, source="test probe"),
+        robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
+                                   heap_bytes_per_cell_feature=8, cores=2, source="test robustness"),
+        extract=ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"40x": 0.06, "20x": 0.015, "10x": 0.00375},
+                             cores=2, source="test extract"))})
+    path = tmp_path / "costs.json"
+    save_costs(model, path)
+    return path
+
+
+def test_paper_preset_derives_table_3_and_prices_every_stage_without_data(at_root, tmp_path, costs):
+    plan = build_plan(load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs,
+                      worker_cores=8, worker_memory_gb=64)
     probe = plan["probe"]
     assert {p: row["runs"] for p, row in probe["protocols"].items()} == PAPER_TABLE_3
     assert probe["total"]["runs"] == PAPER_RUNS and probe["paper"]["matches"]
@@ -39,20 +59,36 @@ def test_paper_preset_derives_table_3_without_data(at_root, tmp_path):
     assert plan["panel"] | {"source": None} == {"name": "S25", "sections": 25, "organs": 11, "cells": 7_079_283,
                                                 "evaluated_cells": None, "source": None}
     assert plan["encoders"] == 30 and len(plan["features"]) == 90
-    assert all(row["patches"] is None and row["bytes"] > 0 for row in plan["features"])
-    assert plan["total_seconds"] == 0 and "probe" in plan["missing"]  # no measurement in tmp_path: none invented
+    # no slides: patches from the model's patches per cell (× (224 / input size)²)
+    row = next(r for r in plan["features"] if r["magnification"] == "20x")
+    assert row["patches"] > 0 and row["bytes"] > 0
+    by_stage = {e["stage"]: e for e in plan["estimates"] if e["stage"] != "extract"}
+    assert by_stage["probe"]["units"] == PAPER_RUNS - 4_356
+    # per-pass cost only: seconds = 1 ns × Σ runs × (width + 1) × cells of the split (≤ the panel each)
+    assert 0 < by_stage["probe"]["seconds"] < 1e-9 * PAPER_RUNS * (2 * 1_536 + 1) * 7_079_283
+    assert by_stage["probe"]["core_seconds_range"][0] == by_stage["probe"]["seconds"]  # no per-iteration cost
+    assert plan["not_estimated"] == {"extract": ["cuda"], "probe": ["cuda"], "robustness": ["cuda"]}
+    week = plan["week"]
+    assert week["worker_cores"] == 8 and week["worker_memory_bytes"] == 64e9
+    core_seconds = sum(e["core_seconds"] for e in plan["estimates"])
+    assert week["core_hours"] == pytest.approx(core_seconds / 3600)
+    assert week["workers"] == -(-core_seconds // (8 * 7 * 86400))
+    extract = [e for e in plan["estimates"] if e["stage"] == "extract"]
+    assert len(extract) == 30 and all(e["disk_bytes"] > 0 for e in extract)
+    # the shared patch store holds one copy per (magnification, input size), not one per encoder
+    sizes = {spec.input_size for spec in load_registry("models/encoders.yaml").values() if spec.type != "control"}
+    per_cell = {"40x": 0.06, "20x": 0.015, "10x": 0.00375}
+    assert plan["patch_cache_bytes"] == sum(round(7_079_283 * share * (224 / size) ** 2) * size * size * 3
+                                            for share in per_cell.values() for size in sizes)
+    raw = load_params("params.yaml").model_dump(mode="json")
+    raw["extract"]["patch_cache"] = False
+    assert build_plan(parse_params(raw), tmp_path / "data", preset="paper", costs_path=costs)["patch_cache_bytes"] == 0
 
 
-def test_plan_of_the_tiny_panel_counts_from_the_data(at_root, tiny_features, tmp_path):
+def test_plan_of_the_tiny_panel_counts_from_the_data(at_root, tiny_features, tmp_path, costs):
     params = parse_params(_tiny(tiny_features["params"]))
     data_dir = tiny_features["data_dir"]
-    reports = tmp_path / "reports"
-    (reports / "probe").mkdir(parents=True)
-    (reports / "probe" / "timing.json").write_text(json.dumps({"fit_seconds": 12.0}))
-    (reports / "probe" / "counts.json").write_text(json.dumps({"total": {"ok": 120}}))
-    (tmp_path / "robustness.json").write_text(json.dumps({"settings": {"d": 8}, "runs": [
-        {"n": 100, "ours_seconds": 0.5}, {"n": 10_000, "ours_seconds": 50.0}]}))
-    plan = build_plan(params, data_dir, reports, tmp_path)
+    plan = build_plan(params, data_dir, costs_path=costs)
 
     # The same units as the probe stage's run table (tests/stages/test_probe_stage.py), × 4 readouts × 2 taxonomies.
     protocols = plan["probe"]["protocols"]
@@ -62,43 +98,38 @@ def test_plan_of_the_tiny_panel_counts_from_the_data(at_root, tiny_features, tmp
     assert total["fitted"] + total["skipped"] + total["unavailable"] == total["runs"] and total["fitted"] > 0
 
     (row,) = plan["features"]
-    sidecars = [json.loads(p.read_text()) for p in (data_dir / "features" / "filterbank-dense" / "10x").glob("*/sidecar.json")]
+    sidecars = [json.loads(p.read_text())
+                for p in (data_dir / "features" / "filterbank-dense" / "10x").glob("*/sidecar.json")]
     assert row["patches"] == sum(s["n_patches"] for s in sidecars) and row["sections"] == 3
     assert row["bytes"] == sum(p.stat().st_size for p in (data_dir / "features" / "filterbank-dense" / "10x").rglob("*")
                                if p.is_file())
 
-    by_what = {e["what"]: e for e in plan["estimates"]}
-    assert ".work/extract/filterbank-dense-10x.timing.json" in by_what["extract filterbank-dense"]["source"]
-    assert by_what["probe"]["seconds"] == pytest.approx(total["fitted"] * 0.1)
-    assert "probe/timing.json" in by_what["probe"]["source"]
+    by_stage = {e["stage"]: e for e in plan["estimates"]}
+    assert "extract" not in by_stage  # the weight-free control has no ViT cost: not priced, not guessed
+    assert by_stage["probe"]["units"] == total["fitted"]  # the gated tasks, not the section counts
     n = plan["panel"]["evaluated_cells"]
-    # panel scope (all cells) + organ scope (Breast: its two sections) per readout; n² from the nearest size.
-    assert by_what["robustness"]["units"] == 4 and "robustness.json (n = 100" in by_what["robustness"]["source"]
-    assert by_what["robustness"]["seconds"] > 2 * 0.5 * (n / 100) ** 2
-    assert plan["missing"] == [] and plan["executor"]["ideal_seconds"] == pytest.approx(plan["total_seconds"] / 2)
+    # panel scope (all cells) + organ scope (Breast: its two sections) per readout, exact below the threshold
+    assert by_stage["robustness"]["units"] == 4
+    assert by_stage["robustness"]["seconds"] > 2 * 1e-10 * n**2 * 150
+    assert by_stage["robustness"]["peak_memory_bytes"] == pytest.approx(8 * n * 150)
 
 
-def test_cli_plan_prints_a_table_and_json(at_root, tiny_features, tmp_path, capsys):
+def test_cli_plan_prints_a_table_and_json(at_root, tiny_features, tmp_path, costs, capsys):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(_tiny(tiny_features["params"])))
-    args = ["plan", "--params", str(params_file), "--data-dir", str(tiny_features["data_dir"]),
-            "--reports-dir", str(tmp_path), "--benchmarks-dir", str(tmp_path)]
+    args = ["plan", "--params", str(params_file), "--data-dir", str(tiny_features["data_dir"]), "--costs", str(costs)]
     assert main([*args, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["preset"] == "current" and plan["probe"]["total"]["runs"] == 104
     assert main(args) == 0
     table = capsys.readouterr().out
-    assert "filterbank-dense" in table and "not estimated (no measured cost or size): probe, robustness" in table
-    assert main([*args, "--preset", "paper"]) == 0
-    assert "derived 304,920: matches" in capsys.readouterr().out
+    assert "filterbank-dense" in table and "not measured, so not estimated: extract (cpu, cuda); probe (cuda)" in table
+    assert main([*args, "--preset", "paper", "--worker-cores", "16", "--worker-memory-gb", "128"]) == 0
+    table = capsys.readouterr().out
+    assert "derived 304,920: matches" in table and "workers of 16 cores and 128.0 GB" in table
 
 
-def test_robustness_cost_is_quadratic_up_to_the_anchor_threshold_then_linear(tmp_path):
-    from cellpath.stages.plan import robustness_cost
-
-    bench = tmp_path / "robustness.json"
-    bench.write_text(json.dumps({"settings": {"d": 8}, "runs": [{"n": 1000, "ours_seconds": 2.0}]}))
-    assert robustness_cost(500, bench, full_max_cells=100_000, anchors=20_000)[0] == pytest.approx(0.5)
-    # 7M cells above the threshold: 20,000 anchors × 7M candidates at the measured 2 s / 1,000² pairs.
-    seconds, source = robustness_cost(7_000_000, bench, full_max_cells=100_000, anchors=20_000)
-    assert seconds == pytest.approx(2.0 * 20_000 * 7_000_000 / 1000**2) and "20,000 anchors" in source
+def test_cli_plan_without_a_cost_model_names_the_file(at_root, tmp_path, capsys):
+    missing = tmp_path / "nowhere.json"
+    assert main(["plan", "--preset", "paper", "--costs", str(missing)]) != 0
+    assert "nowhere.json: not a readable cost model" in capsys.readouterr().err

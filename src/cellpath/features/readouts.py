@@ -110,6 +110,13 @@ def readout_available(spec: EncoderSpec, readout: str) -> bool:
     return spec.has_cls or readout not in CLS_READOUTS
 
 
+def readout_width(embed_dim: int, readout: str) -> int:
+    """Feature columns of ``readout`` for an encoder of width ``embed_dim``: 2·D for a concatenation, else D."""
+    if readout not in READOUTS:
+        raise ValueError(f"unknown readout {readout!r}; choose from {', '.join(READOUTS)}")
+    return 2 * embed_dim if readout in FUSIONS and FUSIONS[readout][1] == "concat" else embed_dim
+
+
 def readout_bases(readout: str) -> tuple[str, ...]:
     """The stored base readouts ``readout`` is composed of (itself for a base; Nuc and the other for a fusion)."""
     if readout not in READOUTS:

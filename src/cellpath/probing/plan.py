@@ -20,7 +20,8 @@ import pandas as pd
 from cellpath.config import ProbeConfig
 from cellpath.errors import ConfigError
 from cellpath.probing.fit import ProbeTask, RowSource, fit_tasks
-from cellpath.probing.protocols import IS_EXCLUSION_RULES, Split, gate_classes, make_splits, protocol_units
+from cellpath.probing.protocols import (IS_EXCLUSION_RULES, Split, gate_classes, make_splits, mocv_manifest,
+                                       protocol_units)
 from cellpath.vocabulary import CLS_READOUTS, PROTOCOLS, READOUTS
 
 log = logging.getLogger(__name__)
@@ -155,3 +156,40 @@ def count_runs(sections: pd.DataFrame, *, models_with_cls: list[bool], n_magnifi
         runs[protocol] = len(models_with_cls) * len(readouts) * per_model_readout
         unavailable[protocol] = sum(1 for has_cls in models_with_cls if not has_cls) * n_cls * per_model_readout
     return PlanCounts(runs, unavailable, units)
+
+
+@dataclass(frozen=True)
+class SplitSize:
+    """Cells of one protocol unit's split: training, validation (choosing C) and test."""
+
+    unit: str
+    n_train: int
+    n_val: int
+    n_test: int
+
+
+def split_sizes(sections: pd.DataFrame, protocol: str, *, n_folds: int = 5, roi_fraction: float = 0.5,
+                val_fraction: float = 0.2) -> list[SplitSize]:
+    """Split sizes per unit from a section list's cell counts (section_id, organ, cells), for a plan
+    with no cells to split: every cell counted (no class gates, no eligibility filter) and IS's test
+    side taken as the whole complement of the ROI (the buffer's loss ignored): upper bounds."""
+    def held_out(unit: str, test: int, pool: int) -> SplitSize:
+        val = int(round(val_fraction * pool))
+        return SplitSize(unit, pool - val, val, test)
+
+    cells = sections.set_index("section_id")["cells"].astype(int)
+    organ = sections.set_index("section_id")["organ"]
+    if protocol == "is":
+        return [held_out(s, n - int(round(roi_fraction * n)), int(round(roi_fraction * n)))
+                for s, n in cells.sort_index().items()]
+    if protocol == "iocd":
+        return [held_out(s, int(cells[s]), int(cells[organ == organ[s]].sum() - cells[s]))
+                for s in protocol_units(sections, "iocd", n_folds)]
+    if protocol == "mocv":
+        fold = pd.Series(mocv_manifest(sections, n_folds))
+        return [held_out(f"fold{k}", int(cells[fold[fold == k].index].sum()), int(cells[fold[fold != k].index].sum()))
+                for k in range(n_folds)]
+    if protocol == "looo":
+        return [held_out(o, int(cells[organ == o].sum()), int(cells[organ != o].sum()))
+                for o in protocol_units(sections, "looo", n_folds)]
+    raise ConfigError(f"protocol: {protocol!r} is not one of {', '.join(PROTOCOLS)}")

@@ -146,3 +146,32 @@ def test_the_protocol_table_defines_every_protocol_of_the_vocabulary_and_nothing
     assert tuple(PROTOCOL_DEFINITIONS) == PROTOCOLS
     with pytest.raises(ValueError, match="unknown protocol 'loo'; valid: is, iocd, mocv, looo"):
         protocol_units(pd.DataFrame({"section_id": ["a"], "organ": ["x"]}), "loo")
+
+
+@pytest.mark.parametrize("protocol", ["iocd", "mocv", "looo"])
+def test_split_sizes_from_counts_equal_the_splits_of_the_cells(protocol):
+    """Without cells, the plan sizes each unit from the section counts; held-out protocols must
+    match the real splits exactly (every cell kept: no gates)."""
+    from cellpath.probing.plan import split_sizes
+
+    cells = _cells(n_per_section=97)
+    sections = cells.groupby(["section_id", "organ"]).size().rename("cells").reset_index()
+    splits = make_splits(cells, protocol, seeds=1, n_folds=5, val_fraction=0.2)
+    actual = sorted((s.unit, len(s.train), len(s.val), len(s.test)) for s in splits)
+    sized = sorted((s.unit, s.n_train, s.n_val, s.n_test) for s in split_sizes(sections, protocol, n_folds=5,
+                                                                               val_fraction=0.2))
+    assert sized == actual
+
+
+def test_is_split_sizes_bound_the_real_splits():
+    from cellpath.probing.plan import split_sizes
+
+    cells = _cells(n_per_section=200)
+    sections = cells.groupby(["section_id", "organ"]).size().rename("cells").reset_index()
+    splits = make_splits(cells, "is", seeds=1, roi_fraction=0.5, buffer_um=25.0, val_fraction=0.2)
+    sized = {s.unit: s for s in split_sizes(sections, "is", roi_fraction=0.5, val_fraction=0.2)}
+    for split in splits:
+        bound = sized[split.unit]
+        assert abs(len(split.train) + len(split.val) - bound.n_train - bound.n_val) <= 1  # the ROI: half, ± a quantile
+        assert len(split.test) <= bound.n_test  # the buffer removes some of the complement
+    assert sum(s.n_train + s.n_val + s.n_test for s in sized.values()) == len(cells)

@@ -1,0 +1,209 @@
+"""The cost model of the heavy stages: per-unit costs measured by the benchmarks, stored with the code
+(``cellpath/data/costs.json``, written by ``benchmarks/bench_scale.py --calibrate``), and the
+estimates built from them (``cellpath plan``; ``bench_scale`` puts each estimate beside its
+measurement).
+
+Units: seconds of wall time on one worker of the calibration machine (``machine`` in the file)
+running as the stage runs there (the probe's scipy fits on one BLAS thread, so one core each;
+extraction and robustness on every core of the worker), bytes. Widths are design columns
+(features, + 1 for the probe's intercept). A device whose costs were never measured has no entry,
+and its estimates are ``None``, never guessed.
+
+Probe fit, per (run, C grid), mode = in memory or streamed as ``fit_tasks`` chooses from the budget::
+
+    seconds = w · (n_train · iterations · s_iteration + (n_train + n_val + n_test) · s_pass)
+
+(``iterations``: L-BFGS iterations summed over the C grid; ``s_pass``: one read, standardisation
+and product of a row, as the standardiser and the scoring make). Robustness, per scored unit of n
+cells of width w: ``n² · w · s_full`` when n ≤ ``full_max_cells``, else ``anchors · n · w ·
+s_anchor``. Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
+being 2 · parameters · tokens (the linear layers; attention adds under 10 % at 256 tokens for
+ViT-B and wider).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cellpath.errors import ConfigError
+
+COSTS_PATH = Path(__file__).resolve().parents[1] / "data" / "costs.json"
+PROBE_MODES = ("in_memory", "streamed")
+FEATURE_BYTES = 2  # float16 per stored feature value (features.store)
+
+
+@dataclass(frozen=True)
+class ProbeCosts:
+    """Seconds per training row and design column: per L-BFGS iteration and per read pass, by mode."""
+
+    seconds_per_iteration: dict[str, float]
+    seconds_per_pass: dict[str, float]
+    iterations_per_c: float          # L-BFGS iterations to convergence per C (assumed: see source)
+    iterations_range: tuple[float, float]
+    iterations_source: str
+    heap_base_bytes: float           # the stage's heap beyond the fit budget: interpreter, torch, ...
+    heap_bytes_per_cell: float       # ... and the panel's cell table and plan, per panel cell
+    source: str
+
+
+@dataclass(frozen=True)
+class RobustnessCosts:
+    """Seconds per (cell, candidate) pair and feature column; heap per unit cell and feature column."""
+
+    seconds_per_pair_full: float
+    seconds_per_pair_anchor: float
+    heap_base_bytes: float
+    heap_bytes_per_cell_feature: float  # the unit's float32 matrix and the search's working copies
+    cores: int                          # the BLAS threads the measurement ran on
+    source: str
+
+
+@dataclass(frozen=True)
+class ExtractCosts:
+    """Seconds per GFLOP of encoder forward pass, and patches per cell at input 224 per magnification."""
+
+    seconds_per_gflop: float
+    patches_per_cell_224: dict[str, float]
+    cores: int
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceCosts:
+    probe: ProbeCosts | None = None
+    robustness: RobustnessCosts | None = None
+    extract: ExtractCosts | None = None
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per device (``cpu``, ``cuda``): the measured costs, and the machine they were measured on."""
+
+    machine: dict
+    devices: dict[str, DeviceCosts] = field(default_factory=dict)
+
+    def costs(self, device: str) -> DeviceCosts:
+        return self.devices.get(device, DeviceCosts())
+
+
+def load_costs(path: Path = COSTS_PATH) -> CostModel:
+    """The stored cost model (``ConfigError`` naming the file when it is missing or malformed)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        devices = {}
+        for device, parts in raw["devices"].items():
+            probe = parts.get("probe")
+            devices[device] = DeviceCosts(
+                probe=None if probe is None else ProbeCosts(**{**probe,
+                                                              "iterations_range": tuple(probe["iterations_range"])}),
+                robustness=None if parts.get("robustness") is None else RobustnessCosts(**parts["robustness"]),
+                extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]))
+        return CostModel(machine=raw["machine"], devices=devices)
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: not a readable cost model ({error}); rewrite it with "
+                          "`python benchmarks/bench_scale.py --calibrate`") from error
+
+
+def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
+    data = {"machine": model.machine, "devices": {device: asdict(costs) for device, costs in model.devices.items()}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(path).with_suffix(".json.tmp")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    partial.replace(path)
+
+
+# --- probe ------------------------------------------------------------------------------------------------------
+
+def probe_mode(n_train: int, width: int, n_classes: int, budget_mb: float) -> str:
+    """``in_memory`` when the task's design fits ``budget_mb`` (as ``fit_tasks`` decides), else ``streamed``."""
+    from cellpath.probing.fit import design_row_bytes
+
+    chunk_rows = max(1, int(budget_mb * 1024**2) // design_row_bytes(width, n_classes))
+    return "in_memory" if n_train <= chunk_rows else "streamed"
+
+
+def probe_fit_seconds(costs: ProbeCosts, *, n_train: int, n_val: int, n_test: int, width: int, n_classes: int,
+                      iterations: float, budget_mb: float) -> float:
+    """Seconds of one run's fits (``iterations`` summed over the C grid) and scoring; ``width`` = features."""
+    mode = probe_mode(n_train, width, n_classes, budget_mb)
+    columns = width + 1
+    return columns * (n_train * iterations * costs.seconds_per_iteration[mode]
+                      + (n_train + n_val + n_test) * costs.seconds_per_pass[mode])
+
+
+def probe_fit_bytes(n_train: int, width: int, n_classes: int, budget_mb: float) -> float:
+    """Working bytes of one fit: its whole design in memory, or the budget's chunk when streamed."""
+    from cellpath.probing.fit import design_row_bytes
+
+    return min(n_train * design_row_bytes(width, n_classes), budget_mb * 1024**2)
+
+
+def probe_heap_bytes(costs: ProbeCosts, n_panel_cells: int, budget_mb: float, *, n_train: int, width: int,
+                     n_classes: int) -> float:
+    """Peak heap of a probe worker: the fixed part, the panel's cell table, and the largest fit's
+    working bytes (``n_train`` × ``width`` features, ``n_classes``; :func:`probe_fit_bytes`)."""
+    return (costs.heap_base_bytes + costs.heap_bytes_per_cell * n_panel_cells
+            + probe_fit_bytes(n_train, width, n_classes, budget_mb))
+
+
+# --- robustness -------------------------------------------------------------------------------------------------
+
+def robustness_seconds(costs: RobustnessCosts, n_cells: int, width: int, *, full_max_cells: int,
+                       anchors: int) -> float:
+    """Seconds to score one unit of ``n_cells`` at ``width``: exact (n²) or anchor-sampled (anchors · n)."""
+    if n_cells <= full_max_cells:
+        return costs.seconds_per_pair_full * n_cells**2 * width
+    return costs.seconds_per_pair_anchor * min(anchors, n_cells) * n_cells * width
+
+
+def robustness_heap_bytes(costs: RobustnessCosts, n_cells: int, width: int) -> float:
+    """Peak heap of scoring one unit: the fixed part and the unit's matrix with its working copies."""
+    return costs.heap_base_bytes + costs.heap_bytes_per_cell_feature * n_cells * width
+
+
+# --- extraction -------------------------------------------------------------------------------------------------
+
+_PARAMS = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMB]?)\s*$", re.IGNORECASE)
+
+
+def parameter_count(text: str) -> float | None:
+    """``"632M"`` → 6.32e8, ``"1.1B"`` → 1.1e9, ``"0"`` → 0; None when the registry gives no count."""
+    match = _PARAMS.match(str(text))
+    if not match:
+        return None
+    return float(match.group(1)) * {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}[match.group(2).upper()]
+
+
+def patch_gflop(parameters: float, input_size: int, patch_size: int, prefix_tokens: int) -> float:
+    """GFLOP of one patch through a ViT: 2 · parameters · tokens (tokens = grid + prefix)."""
+    tokens = (input_size // patch_size) ** 2 + prefix_tokens
+    return 2.0 * parameters * tokens / 1e9
+
+
+def extract_patches(costs: ExtractCosts, n_cells: int, magnification: str, input_size: int) -> float:
+    """Patches a tiling of ``n_cells`` reads at ``magnification`` for an input of ``input_size`` px
+    (patches per cell scale with the patch area)."""
+    return n_cells * costs.patches_per_cell_224[magnification] * (224 / input_size) ** 2
+
+
+def extract_seconds(costs: ExtractCosts, patches: float, gflop_per_patch: float) -> float:
+    return patches * gflop_per_patch * costs.seconds_per_gflop
+
+
+def feature_bytes(n_cells: int, width: int, n_readouts: int) -> int:
+    """Bytes of the float16 feature store: cells × width × stored readouts (Nuc, Mean and Cls when present)."""
+    return int(n_cells) * int(width) * int(n_readouts) * FEATURE_BYTES
+
+
+# --- workers ----------------------------------------------------------------------------------------------------
+
+def workers_needed(core_seconds: float, cores_per_worker: int, deadline_seconds: float) -> int:
+    """Workers of ``cores_per_worker`` cores to spend ``core_seconds`` within ``deadline_seconds``,
+    assuming the work divides into tasks finer than the deadline (ideal packing: a lower bound)."""
+    if core_seconds <= 0:
+        return 0
+    return math.ceil(core_seconds / (cores_per_worker * deadline_seconds))
