@@ -74,11 +74,10 @@ def stage_params(data_dir: Path, budget_mb: int, max_iter: int, panel: str, looo
     return raw
 
 
-CHILD = """
+HEAP_WATCH = """
 import json, resource, sys, threading, time
 from pathlib import Path
 from cellpath.config import parse_params
-from cellpath.stages.probe import run
 raw, data_dir, reports = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 peak_anon = [0]
 def watch():  # anonymous (heap) RSS, sampled: ru_maxrss also counts the memory-mapped features' pages
@@ -88,6 +87,10 @@ def watch():  # anonymous (heap) RSS, sampled: ru_maxrss also counts the memory-
                 peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
         time.sleep(0.05)
 threading.Thread(target=watch, daemon=True).start()
+"""  # the start of a child process that runs a stage: its arguments, and its peak heap sampled
+
+CHILD = HEAP_WATCH + """
+from cellpath.stages.probe import run
 started = time.perf_counter()
 runs = run(parse_params(raw), data_dir, reports, root=reports.parent)
 ok = runs[runs["status"] == "ok"]
@@ -102,21 +105,8 @@ print(json.dumps({"wall_s": time.perf_counter() - started,
 """
 
 
-ROBUSTNESS_CHILD = """
-import json, resource, sys, threading, time
-from pathlib import Path
-import pandas as pd
-from cellpath.config import parse_params
+ROBUSTNESS_CHILD = HEAP_WATCH + """
 from cellpath.stages.robustness import run
-raw, data_dir, reports = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-peak_anon = [0]
-def watch():
-    while True:
-        for line in open("/proc/self/status"):
-            if line.startswith("RssAnon:"):
-                peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
-        time.sleep(0.05)
-threading.Thread(target=watch, daemon=True).start()
 started = time.perf_counter()
 summary = run(parse_params(raw), data_dir, reports, root=reports.parent)
 print(json.dumps({"wall_s": time.perf_counter() - started,
