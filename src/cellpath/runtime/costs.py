@@ -118,36 +118,33 @@ def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
 
 # --- probe ------------------------------------------------------------------------------------------------------
 
-def probe_mode(n_train: int, width: int, n_classes: int, budget_mb: float) -> str:
-    """``in_memory`` when the task's design fits ``budget_mb`` (as ``fit_tasks`` decides), else ``streamed``."""
-    from cellpath.probing.fit import design_row_bytes
-
-    chunk_rows = max(1, int(budget_mb * 1024**2) // design_row_bytes(width, n_classes))
+def probe_mode(n_train: int, row_bytes: int, budget_mb: float) -> str:
+    """``in_memory`` when the task's design fits ``budget_mb`` (as ``fit_tasks`` decides), else ``streamed``;
+    ``row_bytes``: a training row's working bytes (``probing.fit.design_row_bytes``)."""
+    chunk_rows = max(1, int(budget_mb * 1024**2) // row_bytes)
     return "in_memory" if n_train <= chunk_rows else "streamed"
 
 
-def probe_fit_seconds(costs: ProbeCosts, *, n_train: int, n_val: int, n_test: int, width: int, n_classes: int,
+def probe_fit_seconds(costs: ProbeCosts, *, n_train: int, n_val: int, n_test: int, width: int, row_bytes: int,
                       iterations: float, budget_mb: float) -> float:
     """Seconds of one run's fits (``iterations`` summed over the C grid) and scoring; ``width`` = features."""
-    mode = probe_mode(n_train, width, n_classes, budget_mb)
+    mode = probe_mode(n_train, row_bytes, budget_mb)
     columns = width + 1
     return columns * (n_train * iterations * costs.seconds_per_iteration[mode]
                       + (n_train + n_val + n_test) * costs.seconds_per_pass[mode])
 
 
-def probe_fit_bytes(n_train: int, width: int, n_classes: int, budget_mb: float) -> float:
+def probe_fit_bytes(n_train: int, row_bytes: int, budget_mb: float) -> float:
     """Working bytes of one fit: its whole design in memory, or the budget's chunk when streamed."""
-    from cellpath.probing.fit import design_row_bytes
-
-    return min(n_train * design_row_bytes(width, n_classes), budget_mb * 1024**2)
+    return min(n_train * row_bytes, budget_mb * 1024**2)
 
 
-def probe_heap_bytes(costs: ProbeCosts, n_panel_cells: int, budget_mb: float, *, n_train: int, width: int,
-                     n_classes: int) -> float:
+def probe_heap_bytes(costs: ProbeCosts, n_panel_cells: int, budget_mb: float, *, n_train: int,
+                     row_bytes: int) -> float:
     """Peak heap of a probe worker: the fixed part, the panel's cell table, and the largest fit's
-    working bytes (``n_train`` × ``width`` features, ``n_classes``; :func:`probe_fit_bytes`)."""
+    working bytes (``n_train`` rows of ``row_bytes``; :func:`probe_fit_bytes`)."""
     return (costs.heap_base_bytes + costs.heap_bytes_per_cell * n_panel_cells
-            + probe_fit_bytes(n_train, width, n_classes, budget_mb))
+            + probe_fit_bytes(n_train, row_bytes, budget_mb))
 
 
 # --- robustness -------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from cellpath.config import Params, parse_params
 from cellpath.features.encoders.registry import EncoderSpec, load_registry, selected_encoders
 from cellpath.features.readouts import readout_available
 from cellpath.io.layout import features_dir, panels_csv, section_index_csv
+from cellpath.probing.fit import design_row_bytes
 from cellpath.probing.plan import count_runs
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, ExtractCosts, extract_patches, extract_seconds,
                                     feature_bytes, load_costs, parameter_count, patch_gflop, probe_fit_seconds,
@@ -255,14 +256,16 @@ def stage_estimates(params: Params, encoders: list[EncoderSpec], features: list[
             budget, c_grid = params.probe.batch_memory_mb, len(params.probe.c_grid)
             totals = [sum(row["runs"] * probe_fit_seconds(
                 costs.probe, n_train=row["n_train"], n_val=row["n_val"], n_test=row["n_test"], width=row["width"],
-                n_classes=row["n_classes"], iterations=iterations * c_grid, budget_mb=budget) for row in probe_shapes)
+                row_bytes=design_row_bytes(row["width"], row["n_classes"]), iterations=iterations * c_grid,
+                budget_mb=budget) for row in probe_shapes)
                 for iterations in (costs.probe.iterations_per_c, *costs.probe.iterations_range)]
             out.append({"stage": "probe", "what": "every fitted run", "device": device,
                         "units": sum(row["runs"] for row in probe_shapes), "unit": "run", "seconds": totals[0],
                         "core_seconds": totals[0], "core_seconds_range": totals[1:],
                         "peak_memory_bytes": max(probe_heap_bytes(
-                            costs.probe, n_panel_cells, budget, n_train=row["n_train"], width=row["width"],
-                            n_classes=row["n_classes"]) for row in probe_shapes), "disk_bytes": None,
+                            costs.probe, n_panel_cells, budget, n_train=row["n_train"],
+                            row_bytes=design_row_bytes(row["width"], row["n_classes"])) for row in probe_shapes),
+                        "disk_bytes": None,
                         "source": f"{costs.probe.iterations_per_c:g} L-BFGS iterations per C (range "
                                   f"{costs.probe.iterations_range[0]:g}–{costs.probe.iterations_range[1]:g}) × "
                                   f"{c_grid} C, {costs.probe.iterations_source}; {costs.probe.source}"})

@@ -26,18 +26,19 @@ ROBUSTNESS = RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_ancho
 
 def test_probe_fit_seconds_golden():
     # in memory: 1,281 columns × (1,000 rows × 30 iterations × 1 ns + 1,500 rows read × 2 ns)
-    seconds = probe_fit_seconds(PROBE, n_train=1_000, n_val=200, n_test=300, width=1_280, n_classes=9,
+    row_bytes = design_row_bytes(1_280, 9)
+    seconds = probe_fit_seconds(PROBE, n_train=1_000, n_val=200, n_test=300, width=1_280, row_bytes=row_bytes,
                                 iterations=30, budget_mb=512)
     assert seconds == pytest.approx(1_281 * (1_000 * 30 * 1e-9 + 1_500 * 2e-9))
     # 10M training rows cannot fit 512 MB: the streamed costs apply
-    seconds = probe_fit_seconds(PROBE, n_train=10_000_000, n_val=0, n_test=0, width=1_280, n_classes=9,
+    seconds = probe_fit_seconds(PROBE, n_train=10_000_000, n_val=0, n_test=0, width=1_280, row_bytes=row_bytes,
                                 iterations=1, budget_mb=512)
     assert seconds == pytest.approx(1_281 * 10_000_000 * (3e-9 + 5e-9))
     # streamed: the budget's chunk; in memory: the whole design (a smaller task)
-    assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=10_000_000, width=1_280, n_classes=9) \
+    assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=10_000_000, row_bytes=row_bytes) \
         == pytest.approx(5e8 + 7e8 + 512 * 1024**2)
     row = 4 * 1_280 + 8 * 1_281 + 24 * 9
-    assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=1_000, width=1_280, n_classes=9) \
+    assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=1_000, row_bytes=row_bytes) \
         == pytest.approx(5e8 + 7e8 + 1_000 * row)
 
 
@@ -61,7 +62,7 @@ def test_probe_mode_is_the_choice_fit_tasks_makes():
             return x[rows]
 
     for n_train, expected in ((200, "in_memory"), (201, "streamed")):
-        assert probe_mode(n_train, width, n_classes, budget_mb) == expected
+        assert probe_mode(n_train, design_row_bytes(width, n_classes), budget_mb) == expected
         source = Counting()
         task = ProbeTask(train=np.arange(n_train), val=np.arange(300, 350), test=np.arange(350, 400),
                          classes=np.arange(n_classes))
