@@ -253,6 +253,8 @@ class RobustnessConfig(_Strict):
     full_max_cells: Annotated[int, Field(ge=100)] = 100_000
     anchors: Annotated[int, Field(ge=100)] = 20_000   # anchors per unit above full_max_cells
     bootstrap: Annotated[int, Field(ge=20, le=10_000)] = 200  # stratified resamples for the anchors' intervals
+    #: MiB for one chunk of candidates read from the store at a time (changes no number; memory only)
+    batch_memory_mb: Annotated[int, Field(ge=16)] = 1024
     shortcut: ShortcutConfig = ShortcutConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cellpath.robustness.neighbours import ArrayRows
 from cellpath.stages.robustness import cell_groups
 from cellpath.stages.robustness import run as run_robustness_stage
 from cellpath.stages.robustness import scoring_units
@@ -171,7 +172,7 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
         features[f"model-{i}"] = x
     own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    unit = _UnitData(features.__getitem__, biology, confounder, {s.slug: groups for s in specs}, None)
+    unit = _UnitData({slug: ArrayRows(x) for slug, x in features.items()}, biology, confounder, {s.slug: groups for s in specs}, None)
     scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
     assert [result.k for _, result, _ in scored] == [k, k, k]

@@ -21,15 +21,15 @@ from numpy.typing import ArrayLike
 
 from cellpath.robustness.agreement import spearman
 from cellpath.robustness.metrics import croma_margins, fraction_non_positive, lower_tail, median_margin
-from cellpath.robustness.neighbours import DEFAULT_CHUNK_SIZE, l2_normalise, typed_neighbours
-from cellpath.robustness.validation import check_at_least_one, check_features, check_typed_support, encode_labels
+from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, DEFAULT_CHUNK_SIZE, RowSource, typed_neighbours
+from cellpath.robustness.validation import check_at_least_one, check_typed_support, encode_labels, unit_rows
 
 SWEEP_COLUMNS = ["parameter", "value", "croma_median", "f0", "ltm", "n_undefined"]
 
 
-def margin_sweep(features: ArrayLike, biology: ArrayLike, confounder: ArrayLike, group: ArrayLike,
-                 m_values: Sequence[int], alpha: float = 0.10,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE, anchors: np.ndarray | None = None) -> pd.DataFrame:
+def margin_sweep(features: ArrayLike | RowSource, biology: ArrayLike, confounder: ArrayLike, group: ArrayLike,
+                 m_values: Sequence[int], alpha: float = 0.10, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 anchors: np.ndarray | None = None, candidate_rows: int = DEFAULT_CANDIDATE_ROWS) -> pd.DataFrame:
     """Median CRoMa_m, F(0) and LTM_alpha at each m of ``m_values`` (rows in the order given),
     over every sample or over ``anchors`` (row positions, searched against every candidate).
 
@@ -38,12 +38,12 @@ def margin_sweep(features: ArrayLike, biology: ArrayLike, confounder: ArrayLike,
     m_values = [check_at_least_one("m", m) for m in m_values]
     if not m_values:
         raise ValueError("m_values is empty")
-    x = check_features(features)
-    labels = encode_labels(len(x), biology, confounder, group)
+    unit = unit_rows(features, candidate_rows)
+    labels = encode_labels(len(unit), biology, confounder, group)
     largest = max(m_values)
     check_typed_support(labels, largest)
-    typed = typed_neighbours(l2_normalise(x), labels.biology, labels.confounder, labels.group, largest, chunk_size,
-                             anchors=anchors)
+    typed = typed_neighbours(unit, labels.biology, labels.confounder, labels.group, largest, chunk_size,
+                             anchors=anchors, candidate_rows=candidate_rows)
     rows = []
     for m in m_values:
         margins = croma_margins(typed.so[:, :m], typed.os[:, :m])

@@ -47,7 +47,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 from cellpath.robustness.metrics import balanced_accuracy
-from cellpath.robustness.validation import check_at_least_one, check_features, encode
+from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, RowSource
+from cellpath.robustness.validation import check_at_least_one, encode, feature_rows
 
 #: Cramér's V values of the sweep: 0, 0.1, ..., 1.
 CRAMERS_V_GRID: tuple[float, ...] = tuple(round(0.1 * step, 1) for step in range(11))
@@ -331,26 +332,45 @@ def _test_groups(cells: np.ndarray, groups: np.ndarray, need: np.ndarray, rng: n
     return names[chosen]
 
 
-def _run(x: np.ndarray, groups: np.ndarray, layout: _Layout, tables: tuple[np.ndarray, ...], rng: np.random.Generator,
-         validation_fraction: float, test_fraction: float, c_grid: Sequence[float]) -> tuple[list[float], list[float]]:
-    """One resampling run: in-domain and held-out balanced accuracy at every table."""
+def _run(x: RowSource, groups: np.ndarray, layout: _Layout, tables: tuple[np.ndarray, ...], rng: np.random.Generator,
+         validation_fraction: float, test_fraction: float,
+         c_grid: Sequence[float]) -> tuple[list[float], list[LogisticRegression]]:
+    """One resampling run: in-domain balanced accuracy at every table, and the probe of each table."""
     y, cells = layout.classes, layout.cells
     largest = np.max(tables, axis=0).ravel()
     _check_pool(np.bincount(cells[cells >= 0], minlength=layout.n_cells), largest, layout)
     test_groups = _test_groups(cells, groups, largest, rng, test_fraction)
     is_test = (cells >= 0) & np.isin(groups, test_groups)
     test_rows = _in_domain_test(cells, np.flatnonzero(is_test), layout.n_cells)
+    x_test = x.take(test_rows)
     orders = _cell_orders(np.where(is_test, -1, cells), groups, rng, layout.n_cells)
-    in_domain, held_out = [], []
+    in_domain, probes = [], []
     for table in tables:
         train, val = _pool_rows(orders, table.ravel(), validation_fraction)
-        probe = _fit_probe(x[train], y[train], x[val], y[val], c_grid)
-        in_domain.append(cell_balanced_accuracy(y[test_rows], probe.predict(x[test_rows]), cells[test_rows],
+        probe = _fit_probe(x.take(train), y[train], x.take(val), y[val], c_grid)
+        in_domain.append(cell_balanced_accuracy(y[test_rows], probe.predict(x_test), cells[test_rows],
                                                 len(layout.class_names)))
-        if layout.held_out_rows.size:
-            rows = layout.held_out_rows
-            held_out.append(balanced_accuracy(y[rows], probe.predict(x[rows])))
-    return in_domain, held_out
+        probes.append(probe)
+    return in_domain, probes
+
+
+def _held_out_accuracies(x: RowSource, probes: list[list[LogisticRegression]], layout: _Layout,
+                         chunk_rows: int) -> np.ndarray:
+    """(tables, runs) balanced accuracy of every run's probes on the held-out rows (as
+    :func:`~cellpath.robustness.metrics.balanced_accuracy`), in one pass over them, ``chunk_rows``
+    rows at a time."""
+    rows = layout.held_out_rows
+    y = layout.classes[rows]
+    n_classes = len(layout.class_names)
+    hits = np.zeros((len(probes[0]), len(probes), n_classes), dtype=np.int64)
+    for start in range(0, len(rows), chunk_rows):
+        chunk, truth = x.take(rows[start:start + chunk_rows]), y[start:start + chunk_rows]
+        for run, run_probes in enumerate(probes):
+            for table, probe in enumerate(run_probes):
+                hits[table, run] += np.bincount(truth[probe.predict(chunk) == truth], minlength=n_classes)
+    support = np.bincount(y, minlength=n_classes)
+    present = support > 0
+    return (hits[..., present] / support[present]).mean(axis=-1)
 
 
 def shortcut_sweep(
@@ -367,6 +387,7 @@ def shortcut_sweep(
     test_fraction: float = 0.3,
     c_grid: Sequence[float] = C_GRID,
     seed: int = 0,
+    chunk_rows: int = DEFAULT_CANDIDATE_ROWS,
 ) -> ShortcutSweep:
     """Run the confounder-biased probe sweep on raw features (see the module docstring).
 
@@ -374,9 +395,11 @@ def shortcut_sweep(
     with the sorted classes (default all, in order of first appearance, leaving no held-out
     evaluation); the classes are those present in them, and held-out rows of other classes are not
     scored. ``pool_size``: training + validation rows at every V (rounded down to a
-    multiple of max(#train confounders, #classes)^2, see :func:`composition`).
+    multiple of max(#train confounders, #classes)^2, see :func:`composition`). ``features`` may be a
+    :class:`~cellpath.robustness.neighbours.RowSource` (a memory-mapped store): only the rows a fit
+    needs are read, and the held-out rows ``chunk_rows`` at a time.
     """
-    x = check_features(features)
+    x = feature_rows(features, chunk_rows)
     check_at_least_one("n_runs", n_runs)
     if not 0.0 <= validation_fraction < 1.0 or not 0.0 < test_fraction < 1.0:
         raise ValueError("validation_fraction must lie in [0, 1) and test_fraction in (0, 1)")
@@ -386,7 +409,7 @@ def shortcut_sweep(
     tables, realised = sweep_tables(len(layout.levels), n_classes, pool_size, cramers_v_grid)
     runs = [_run(x, groups, layout, tables, np.random.default_rng([seed, run]), validation_fraction, test_fraction,
                  c_grid) for run in range(n_runs)]
-    return ShortcutSweep(
-        cramers_v=realised, tables=tables, in_domain=np.array([r[0] for r in runs]).T,
-        held_out=np.array([r[1] for r in runs]).T if layout.held_out_rows.size else None, chance=1.0 / n_classes,
-    )
+    held_out = (_held_out_accuracies(x, [r[1] for r in runs], layout, chunk_rows) if layout.held_out_rows.size
+                else None)
+    return ShortcutSweep(cramers_v=realised, tables=tables, in_domain=np.array([r[0] for r in runs]).T,
+                         held_out=held_out, chance=1.0 / n_classes)

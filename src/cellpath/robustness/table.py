@@ -27,13 +27,13 @@ from cellpath.robustness.metrics import (
     robustness_index,
     select_k,
 )
-from cellpath.robustness.neighbours import DEFAULT_CHUNK_SIZE, knn_excluding_groups, l2_normalise, typed_neighbours
+from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, DEFAULT_CHUNK_SIZE, RowSource, scan_neighbours
 from cellpath.robustness.validation import (
     check_at_least_one,
-    check_features,
     check_fraction,
     check_typed_support,
     encode_labels,
+    unit_rows,
 )
 
 
@@ -114,7 +114,7 @@ def _k_values(k: int | None, k_candidates: Sequence[int], n: int) -> list[int]:
 
 
 def score_embeddings(
-    features: ArrayLike,
+    features: ArrayLike | RowSource,
     biology: ArrayLike | str,
     confounder: ArrayLike | str,
     group: ArrayLike | str,
@@ -127,6 +127,7 @@ def score_embeddings(
     tau: float | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     anchors: np.ndarray | None = None,
+    candidate_rows: int = DEFAULT_CANDIDATE_ROWS,
 ) -> RobustnessScores:
     """Score an (n, d) embedding against per-sample biology, confounder and group labels.
 
@@ -138,6 +139,8 @@ def score_embeddings(
     ``anchors`` (row positions): score only those samples, each searched exactly against every
     candidate; the margins, RI, MaRI and k-NN accuracies are then estimates from the anchors
     (``sampling.stratified_anchors`` draws them, ``sampling.bootstrap_intervals`` bounds them).
+    ``features`` may be a :class:`~cellpath.robustness.neighbours.RowSource` (a memory-mapped
+    store): it is then read ``candidate_rows`` at a time and never held whole.
 
     Raises:
         ValueError: non-finite features (the error counts the bad rows), label arrays of the wrong
@@ -146,8 +149,8 @@ def score_embeddings(
     """
     if frame is not None:
         biology, confounder, group = _columns(frame, [biology, confounder, group])
-    x = check_features(features)
-    n = len(x)
+    unit = unit_rows(features, candidate_rows)
+    n = len(unit)
     m = check_at_least_one("m", m)
     alpha = check_fraction("alpha", alpha)
     k_values = _k_values(k, k_candidates, n)
@@ -155,12 +158,11 @@ def score_embeddings(
     check_typed_support(labels, m)
 
     rows = None if anchors is None else np.asarray(anchors, dtype=np.int64)
-    unit = l2_normalise(x)
-    typed = typed_neighbours(unit, labels.biology, labels.confounder, labels.group, m, chunk_size, anchors=rows)
+    typed, nearest = scan_neighbours(unit, labels.group, labels.biology, labels.confounder, m=m, k=max(k_values),
+                                     anchors=rows, chunk_size=chunk_size, candidate_rows=candidate_rows)
     margins = croma_margins(typed.so, typed.os)
     tail = lower_tail(margins.values, alpha)
 
-    nearest = knn_excluding_groups(unit, labels.group, max(k_values), chunk_size, anchors=rows)
     bio_curve = knn_balanced_accuracy(nearest.index, labels.biology, k_values, rows)
     k_used = k_values[0] if k is not None else select_k(bio_curve, k_values)
     conf_bacc = knn_balanced_accuracy(nearest.index, labels.confounder, [k_used], rows)[k_used]

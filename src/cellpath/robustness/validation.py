@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, ArrayRows, NormalisedRows, RowSource, l2_normalise
+
 
 @dataclass(frozen=True)
 class Labels:
@@ -41,6 +43,36 @@ def check_features(features: ArrayLike) -> np.ndarray:
     if bad_rows:
         raise ValueError(f"features contain NaN or inf in {bad_rows} of {x.shape[0]} rows")
     return x
+
+
+def feature_rows(features: ArrayLike | RowSource, candidate_rows: int = DEFAULT_CANDIDATE_ROWS) -> RowSource:
+    """The features as a checked row source: an array checked by :func:`check_features`; a
+    :class:`RowSource` (a memory-mapped store) checked ``candidate_rows`` at a time (2-D, one width,
+    numeric, finite, non-empty; NaN/inf rows counted over every chunk)."""
+    if not isinstance(features, RowSource):
+        return ArrayRows(check_features(features))
+    n, width, bad_rows = len(features), None, 0
+    if n == 0:
+        raise ValueError("features must be a non-empty 2-D array (n_samples, n_dims), got 0 rows")
+    for start in range(0, n, candidate_rows):
+        chunk = np.asarray(features.take(np.arange(start, min(n, start + candidate_rows))))
+        if chunk.ndim != 2 or chunk.shape[1] == 0 or width not in (None, chunk.shape[1]):
+            raise ValueError(f"features must be 2-D with one width, got rows of shape {chunk.shape[1:]} "
+                             f"at row {start}")
+        if not np.issubdtype(chunk.dtype, np.number):
+            raise ValueError(f"features must be numeric, got dtype {chunk.dtype}")
+        width = chunk.shape[1]
+        bad_rows += int(np.count_nonzero(~np.isfinite(chunk).all(axis=1)))
+    if bad_rows:
+        raise ValueError(f"features contain NaN or inf in {bad_rows} of {n} rows")
+    return features
+
+
+def unit_rows(features: ArrayLike | RowSource, candidate_rows: int = DEFAULT_CANDIDATE_ROWS) -> RowSource:
+    """The checked features (:func:`feature_rows`) as L2-normalised rows for the searches: an array
+    normalised once, a row source as it is read."""
+    rows = feature_rows(features, candidate_rows)
+    return ArrayRows(l2_normalise(rows.array)) if isinstance(rows, ArrayRows) else NormalisedRows(rows)
 
 
 def check_at_least_one(name: str, value: int) -> int:

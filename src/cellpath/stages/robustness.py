@@ -29,9 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +38,14 @@ import pandas as pd
 from cellpath.config import Params, RobustnessConfig
 from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
-from cellpath.features.panel import (PanelCells, PanelFeatures, ReadoutRows, encoder_patch_ids, load_panel_cells,
-                                     panel_matrix)
+from cellpath.features.panel import PanelCells, PanelFeatures, ReadoutRows, encoder_patch_ids, load_panel_cells
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (features_dir, robustness_metrics_json, robustness_reports, section_index_csv,
                                 section_zarr)
 from cellpath.robustness.agreement import metric_agreement
+from cellpath.robustness.neighbours import RowSource, candidate_rows_for
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
 from cellpath.robustness.shortcut import split_levels, sweep_tables
 from cellpath.runtime.code_deps import stage_fingerprint
@@ -207,7 +205,7 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
     cells = panel.cells
     groups = {spec.slug: cell_groups(data_dir, panel, spec, magnification, cfg) for spec in specs}
     features = {spec.slug: PanelFeatures(features_dir(data_dir), spec.slug, magnification, panel).readout(readout)
-                for spec in specs}  # memory-mapped: one model's unit matrix is read at a time
+                for spec in specs}  # memory-mapped: read chunk by chunk, one model at a time
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
     for taxonomy in cfg.taxonomies:
         for scope in cfg.scopes:
@@ -216,7 +214,8 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                              "scope": scope, "unit": unit}
                 biology, confounder = cells[taxonomy].to_numpy()[unit_rows], cells[cfg.confounder].to_numpy()[unit_rows]
                 unit_data = _UnitData(
-                    partial(_unit_matrix, features, np.asarray(unit_rows)), biology, confounder,
+                    {slug: _UnitRows(readout, np.asarray(unit_rows)) for slug, readout in features.items()},
+                    biology, confounder,
                     {s.slug: groups[s.slug][unit_rows] for s in specs}, _anchors(biology, confounder, cfg))
                 scored = unit_rows if unit_data.anchors is None else np.asarray(unit_rows)[unit_data.anchors]
                 for spec, result, own_k in _score_models(specs, unit_data, cfg):
@@ -241,20 +240,33 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
 
 @dataclass(frozen=True)
 class _UnitData:
-    """One scoring unit's rows: the features of a model slug (read when called, so only one model's
-    matrix is held at a time), biology and confounder labels, groups per model slug, and the
-    anchors scored (positions in the unit; None: every cell)."""
+    """One scoring unit's rows: the features of a model slug (a row source over the memory-mapped
+    store), biology and confounder labels, groups per model slug, and the anchors scored (positions
+    in the unit; None: every cell)."""
 
-    features: Callable[[str], np.ndarray]
+    features: dict[str, RowSource]
     biology: np.ndarray
     confounder: np.ndarray
     groups: dict[str, np.ndarray]
     anchors: np.ndarray | None
 
 
-def _unit_matrix(features: dict[str, ReadoutRows], unit_rows: np.ndarray, slug: str) -> np.ndarray:
-    """One model's readout over a unit's rows (float32, read from the memory-mapped store)."""
-    return features[slug].take(unit_rows)
+class _UnitRows(RowSource):
+    """A readout over some panel rows, read from the memory-mapped store on demand (float32)."""
+
+    def __init__(self, readout: ReadoutRows, rows: np.ndarray):
+        self.readout, self.rows = readout, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        return self.readout.take(self.rows[positions])
+
+
+def _candidate_rows(rows: RowSource, cfg: RobustnessConfig) -> int:
+    """Rows per candidate chunk of ``rows`` within ``robustness.batch_memory_mb``."""
+    return candidate_rows_for(cfg.batch_memory_mb, rows.take(np.zeros(1, dtype=np.int64)).shape[1])
 
 
 def _strata(biology: np.ndarray, confounder: np.ndarray) -> np.ndarray:
@@ -290,8 +302,9 @@ def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConf
     from cellpath.robustness import score_embeddings, shared_k
 
     def score(spec, k):
-        return score_embeddings(unit.features(spec.slug), unit.biology, unit.confounder, unit.groups[spec.slug],
-                                m=cfg.m, k=k, alpha=cfg.alpha, anchors=unit.anchors)
+        rows = unit.features[spec.slug]
+        return score_embeddings(rows, unit.biology, unit.confounder, unit.groups[spec.slug], m=cfg.m, k=k,
+                                alpha=cfg.alpha, anchors=unit.anchors, candidate_rows=_candidate_rows(rows, cfg))
 
     first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
     own = {spec.slug: int(result.k) for spec, result in first}
@@ -307,8 +320,10 @@ def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: R
     if cfg.sensitivity.alphas:
         frames.append(tail_sweep(margins, cfg.sensitivity.alphas))
     if cfg.sensitivity.m_max is not None:
-        frames.append(margin_sweep(unit.features(spec.slug), unit.biology, unit.confounder, unit.groups[spec.slug],
-                                   range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha, anchors=unit.anchors))
+        rows = unit.features[spec.slug]
+        frames.append(margin_sweep(rows, unit.biology, unit.confounder, unit.groups[spec.slug],
+                                   range(1, cfg.sensitivity.m_max + 1), alpha=cfg.alpha, anchors=unit.anchors,
+                                   candidate_rows=_candidate_rows(rows, cfg)))
     return frames
 
 
@@ -338,11 +353,13 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
     cfg = robustness.shortcut
     panel = read_context(context)
     cells = panel.cells
-    x = panel_matrix(PanelFeatures(features_dir(data_dir), spec.slug, magnification, panel).readout(cfg.readout))
+    readout = PanelFeatures(features_dir(data_dir), spec.slug, magnification, panel).readout(cfg.readout)
+    x = _UnitRows(readout, np.arange(len(readout)))  # memory-mapped: only the rows a fit needs, held out in chunks
     groups = cell_groups(data_dir, panel, spec, magnification, robustness)
     try:
         sweep = shortcut_sweep(x, cells[cfg.taxonomy].to_numpy(), cells[cfg.confounder].to_numpy(), groups,
-                               pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed)
+                               pool_size=cfg.pool_size, train_confounders=train_levels, n_runs=cfg.n_runs, seed=seed,
+                               chunk_rows=_candidate_rows(x, robustness))
     except ValueError as exc:  # a (confounder x class) cell of the panel too small for the pool asked of it
         raise ConfigError(f"robustness.shortcut ({spec.name}, {magnification}): {exc}, or train on levels with "
                           f"more cells of their aligned class (train_levels)") from None
