@@ -19,7 +19,8 @@ the panel scope, no shortcut probe or sensitivity sweep), once per size: exact u
 
 Cost model (``--calibrate``): the per-unit costs of ``cellpath.runtime.costs`` are fitted from these
 runs (the probe's cost per iteration from ``--max-iter`` vs ``--calibration-max-iter`` at
-``--calibration-size``; the robustness cost per pair from ``--robustness-calibration-sizes``) and
+``--calibration-size``; the robustness cost per pair and its heap from ``--robustness-calibration-sizes``:
+one exact run and two anchor-sampled ones) and
 written to ``src/cellpath/data/costs.json``. Every run then gets the model's estimate beside its
 measurement (``estimates``: estimate ÷ measured, and whether all lie within 2×), the sizes the
 model was not fitted on being the check of it.
@@ -270,20 +271,28 @@ def calibrate(results: dict) -> CostModel:
                               f"max_iter {results['max_iter']} and {entry['calibration_max_iter']}; heap: the line through "
                               f"n = {heaps[0][0]:,} and {heaps[1][0]:,}")
     robustness = None
-    runs = {r["mode"]: r for r in sorted(results.get("robustness", []), key=lambda r: r["n_cells"])
-            if r["n_cells"] in results["robustness_calibration_sizes"]}
-    if {"full", "anchors"} <= set(runs):
-        full, sampled = runs["full"], runs["anchors"]
-        (n_low, heap_low), (n_high, heap_high) = [(r["n_cells"], r["peak_anon_rss_mb"] * 1024**2)
-                                                  for r in (full, sampled)]
-        per_cell_feature = (heap_high - heap_low) / ((n_high - n_low) * width)
+    runs = sorted((r for r in results.get("robustness", []) if r["n_cells"] in results["robustness_calibration_sizes"]),
+                  key=lambda r: r["n_cells"])
+    full = [r for r in runs if r["mode"] == "full"]
+    sampled = [r for r in runs if r["mode"] == "anchors"]
+    if full and len(sampled) >= 2:
+        full, (low, high) = full[-1], sampled[-2:]
+        heap = {r["n_cells"]: r["peak_anon_rss_mb"] * 1024**2 for r in (full, low, high)}
+        # heap = base + queries · width · b_query + n · b_cell: the two anchor runs (queries = anchors) give
+        # b_cell, the full run (queries = n) then b_query
+        per_cell = (heap[high["n_cells"]] - heap[low["n_cells"]]) / (high["n_cells"] - low["n_cells"])
+        at_anchors = heap[low["n_cells"]] - per_cell * low["n_cells"]  # base + anchors · width · b_query
+        per_query_feature = ((heap[full["n_cells"]] - per_cell * full["n_cells"] - at_anchors)
+                             / ((full["n_cells"] - low["anchors"]) * width))
         robustness = RobustnessCosts(
             seconds_per_pair_full=full["wall_s"] / (full["n_cells"] ** 2 * width),
-            seconds_per_pair_anchor=sampled["wall_s"] / (sampled["anchors"] * sampled["n_cells"] * width),
-            heap_base_bytes=heap_low - per_cell_feature * n_low * width, heap_bytes_per_cell_feature=per_cell_feature,
+            seconds_per_pair_anchor=high["wall_s"] / (high["anchors"] * high["n_cells"] * width),
+            heap_base_bytes=at_anchors - per_query_feature * low["anchors"] * width,
+            heap_bytes_per_query_feature=per_query_feature, heap_bytes_per_cell=per_cell,
             cores=results["machine"]["cpus"],
             source=f"benchmarks/bench_scale.py at {full['commit']}: full at n = {full['n_cells']:,}, "
-                   f"{sampled['anchors']:,} anchors at n = {sampled['n_cells']:,}; heap: the line through both")
+                   f"{high['anchors']:,} anchors at n = {high['n_cells']:,}; heap: through the full run and the "
+                   f"anchor runs at n = {low['n_cells']:,} and {high['n_cells']:,}")
     return CostModel(machine={**results["machine"], "blas": results["blas"]},
                      devices={"cpu": DeviceCosts(probe=probe, robustness=robustness, extract=_extract_costs())})
 
@@ -357,7 +366,8 @@ def estimate(results: dict, model: CostModel) -> dict:
     for record in results.get("robustness", []):
         seconds = robustness_seconds(costs.robustness, record["n_cells"], results["width"],
                                      full_max_cells=record["full_max_cells"], anchors=record["anchors"])
-        heap = robustness_heap_bytes(costs.robustness, record["n_cells"], results["width"]) / 1024**2
+        heap = robustness_heap_bytes(costs.robustness, record["n_cells"], results["width"],
+                                     full_max_cells=record["full_max_cells"], anchors=record["anchors"]) / 1024**2
         rows.append({"stage": "robustness", "mode": record["mode"], "n_cells": record["n_cells"],
                      "measured_s": record["wall_s"], "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
                      "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,
@@ -390,7 +400,7 @@ def main() -> None:
     parser.add_argument("--heap-calibration-sizes", type=int, nargs=2, default=[100_000, 1_000_000],
                         help="the probe heap's line is fitted through these two sizes (the others check it)")
     parser.add_argument("--robustness-sizes", type=int, nargs="*", default=[50_000, 100_000, 300_000, 1_000_000])
-    parser.add_argument("--robustness-calibration-sizes", type=int, nargs="*", default=[100_000, 300_000])
+    parser.add_argument("--robustness-calibration-sizes", type=int, nargs="*", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--full-max-cells", type=int, default=100_000)
     parser.add_argument("--anchors", type=int, default=20_000)
     parser.add_argument("--merge", action="store_true",

@@ -40,7 +40,7 @@ def costs(tmp_path):
                          iterations_range=(50, 200), iterations_source="test", heap_base_bytes=5e8,
                          heap_bytes_per_cell=1000, source="test probe"),
         robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
-                                   heap_bytes_per_cell_feature=8, cores=2, source="test robustness"),
+                                   heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test robustness"),
         extract=ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"40x": 0.06, "20x": 0.015, "10x": 0.00375},
                              cores=2, source="test extract"))})
     path = tmp_path / "costs.json"
@@ -111,7 +111,7 @@ def test_plan_of_the_tiny_panel_counts_from_the_data(at_root, tiny_features, tmp
     # panel scope (all cells) + organ scope (Breast: its two sections) per readout, exact below the threshold
     assert by_stage["robustness"]["units"] == 4
     assert by_stage["robustness"]["seconds"] > 2 * 1e-10 * n**2 * 150
-    assert by_stage["robustness"]["peak_memory_bytes"] == pytest.approx(8 * n * 150)
+    assert by_stage["robustness"]["peak_memory_bytes"] == pytest.approx(8 * n * 150 + 100 * n)  # every cell a query
 
 
 def test_cli_plan_prints_a_table_and_json(at_root, tiny_features, tmp_path, costs, capsys):

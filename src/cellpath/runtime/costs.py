@@ -16,7 +16,7 @@ Probe fit, per (run, C grid), mode = in memory or streamed as ``fit_tasks`` choo
 (``iterations``: L-BFGS iterations summed over the C grid; ``s_pass``: one read, standardisation
 and product of a row, as the standardiser and the scoring make). Robustness, per scored unit of n
 cells of width w: ``n² · w · s_full`` when n ≤ ``full_max_cells``, else ``anchors · n · w ·
-s_anchor``. Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
+s_anchor``; heap ``base + queries · w · b_query + n · b_cell`` (queries: n or the anchors). Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
 being 2 · parameters · tokens (the linear layers; attention adds under 10 % at 256 tokens for
 ViT-B and wider).
 """
@@ -52,12 +52,16 @@ class ProbeCosts:
 
 @dataclass(frozen=True)
 class RobustnessCosts:
-    """Seconds per (cell, candidate) pair and feature column; heap per unit cell and feature column."""
+    """Seconds per (cell, candidate) pair and feature column; heap: a fixed part (with one candidate
+    chunk of ``robustness.batch_memory_mb``), per query row and feature column (the anchors', or
+    every cell's when scored in full: float32 rows and results), and per unit cell (labels, groups,
+    margins, the panel table)."""
 
     seconds_per_pair_full: float
     seconds_per_pair_anchor: float
     heap_base_bytes: float
-    heap_bytes_per_cell_feature: float  # the unit's float32 matrix and the search's working copies
+    heap_bytes_per_query_feature: float
+    heap_bytes_per_cell: float
     cores: int                          # the BLAS threads the measurement ran on
     source: str
 
@@ -157,9 +161,14 @@ def robustness_seconds(costs: RobustnessCosts, n_cells: int, width: int, *, full
     return costs.seconds_per_pair_anchor * min(anchors, n_cells) * n_cells * width
 
 
-def robustness_heap_bytes(costs: RobustnessCosts, n_cells: int, width: int) -> float:
-    """Peak heap of scoring one unit: the fixed part and the unit's matrix with its working copies."""
-    return costs.heap_base_bytes + costs.heap_bytes_per_cell_feature * n_cells * width
+def robustness_heap_bytes(costs: RobustnessCosts, n_cells: int, width: int, *, full_max_cells: int,
+                          anchors: int) -> float:
+    """Peak heap of scoring one unit: the fixed part, the query rows (every cell up to
+    ``full_max_cells``, else the anchors) at ``width``, and the per-cell part. Candidates are read in
+    chunks, so the unit's matrix itself is never held."""
+    queries = n_cells if n_cells <= full_max_cells else min(anchors, n_cells)
+    return (costs.heap_base_bytes + costs.heap_bytes_per_query_feature * queries * width
+            + costs.heap_bytes_per_cell * n_cells)
 
 
 # --- extraction -------------------------------------------------------------------------------------------------

@@ -279,7 +279,8 @@ def stage_estimates(params: Params, encoders: list[EncoderSpec], features: list[
                         "units": sum(row["scorings"] for row in robustness_units), "unit": "scoring",
                         "seconds": seconds, "core_seconds": seconds * costs.robustness.cores,
                         "peak_memory_bytes": robustness_heap_bytes(costs.robustness, largest["n_cells"],
-                                                                   largest["width"]),
+                                                                   largest["width"], full_max_cells=cfg.full_max_cells,
+                                                                   anchors=cfg.anchors),
                         "disk_bytes": None, "source": costs.robustness.source})
     return out
 

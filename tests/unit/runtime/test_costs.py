@@ -12,8 +12,8 @@ from cellpath.errors import ConfigError
 from cellpath.probing.fit import ProbeTask, design_row_bytes, fit_tasks
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
                                     extract_patches, feature_bytes, load_costs, parameter_count, patch_gflop,
-                                    probe_fit_seconds, probe_heap_bytes, probe_mode, robustness_seconds, save_costs,
-                                    workers_needed)
+                                    probe_fit_seconds, probe_heap_bytes, probe_mode, robustness_heap_bytes,
+                                    robustness_seconds, save_costs, workers_needed)
 from helpers.project import PROJECT_ROOT
 
 PROBE = ProbeCosts(seconds_per_iteration={"in_memory": 1e-9, "streamed": 3e-9},
@@ -21,7 +21,7 @@ PROBE = ProbeCosts(seconds_per_iteration={"in_memory": 1e-9, "streamed": 3e-9},
                    iterations_range=(200, 400), iterations_source="test", heap_base_bytes=5e8, heap_bytes_per_cell=700,
                    source="test")
 ROBUSTNESS = RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=2e-10, heap_base_bytes=1e8,
-                             heap_bytes_per_cell_feature=8, cores=2, source="test")
+                             heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test")
 
 
 def test_probe_fit_seconds_golden():
@@ -76,6 +76,14 @@ def test_robustness_is_quadratic_to_the_threshold_then_anchors_times_n():
         pytest.approx(1e-10 * 50_000**2 * 1_280)
     assert robustness_seconds(ROBUSTNESS, 7_000_000, 1_280, full_max_cells=100_000, anchors=20_000) == \
         pytest.approx(2e-10 * 20_000 * 7_000_000 * 1_280)
+
+
+def test_robustness_heap_holds_the_queries_not_the_unit_matrix():
+    # scored in full, every cell is a query; above the threshold only the anchors are
+    assert robustness_heap_bytes(ROBUSTNESS, 50_000, 1_280, full_max_cells=100_000, anchors=20_000) == \
+        pytest.approx(1e8 + 8 * 50_000 * 1_280 + 100 * 50_000)
+    assert robustness_heap_bytes(ROBUSTNESS, 7_000_000, 1_280, full_max_cells=100_000, anchors=20_000) == \
+        pytest.approx(1e8 + 8 * 20_000 * 1_280 + 100 * 7_000_000)
 
 
 @pytest.mark.parametrize("text, count", [("632M", 6.32e8), ("1.1B", 1.1e9), ("22M", 2.2e7), ("5.7M", 5.7e6),
