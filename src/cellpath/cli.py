@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cellpath.errors import CellPathError
-from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR
+from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR, stage_log
 from cellpath.runtime.costs import COSTS_PATH
 
 log = logging.getLogger("cellpath")
@@ -35,12 +35,29 @@ def pin_numpy_dispatch() -> None:
     os.environ["NPY_DISABLE_CPU_FEATURES"] = " ".join(dict.fromkeys([*listed, *PORTABLE_NUMPY_DISPATCH]))
 
 
-def _configure_logging(verbose: bool) -> None:
+#: Commands that are pipeline stages: each writes its log to reports/logs/<stage>.log as well.
+LOGGED_STAGES = ("fetch", "ingest", "annotate", "concordance", "extract", "probe", "robustness", "report")
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _configure_logging(verbose: bool, log_file: Path | None = None) -> None:
+    """Log to stderr and, for a pipeline stage, to ``log_file`` (overwritten each run)."""
     # Configure before tiatoolbox is imported: it adds its own handlers to the root logger.
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, mode="w", encoding="utf-8"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=_LOG_FORMAT, handlers=handlers,
+                        force=True)
     for noisy in ("tiatoolbox", "numba", "fsspec", "h5py", "PIL", "matplotlib", "urllib3", "asyncio", "faiss"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _log_name(args: argparse.Namespace) -> str:
+    """The stage's log name: ``extract`` run for one encoder and magnification logs to its own file."""
+    if args.stage == "extract" and (args.encoder or args.magnification):
+        return "-".join(["extract", *(str(v) for v in (args.encoder, args.magnification) if v)])
+    return args.stage
 
 
 def _fetch(args: argparse.Namespace) -> None:
@@ -154,7 +171,12 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cellpath", description=__doc__.splitlines()[0])
+    from cellpath import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="cellpath", description="CellPath-Bench and CRoMa: what pathology foundation models know about "
+                                     "single cells. Each pipeline stage is one command; dvc.yaml calls them.")
+    parser.add_argument("--version", action="version", version=f"cellpath {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="<stage>")
     for name, (_, help_text) in STAGES.items():
@@ -191,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "fetch":
         pin_numpy_dispatch()
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose, stage_log(Path(args.reports_dir), _log_name(args))
+                       if args.stage in LOGGED_STAGES else None)
     handler, _ = STAGES[args.stage]
     started = time.perf_counter()
     try:

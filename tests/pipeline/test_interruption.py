@@ -52,7 +52,7 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 def _results(work: Path) -> dict:
-    runs = pd.read_parquet(work / "reports" / "probe_runs.parquet").drop(columns=["fit_seconds"])
+    runs = pd.read_parquet(work / "reports" / "probe" / "runs.parquet").drop(columns=["fit_seconds"])
     return {"runs": runs, "robustness": (work / "reports" / "robustness" / "summary.csv").read_text(),
             "features": _digest(work / "data" / "features"), "raw": _digest(work / "data" / "raw")}
 

@@ -9,6 +9,7 @@ and `dvc exp show` lists its metrics.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from helpers.browser import CHROMIUM, dump_dom
 from helpers.dvc_project import dvc_env, run
 from helpers.project import HANG_GUARD_S
 
@@ -59,13 +61,15 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert sorted(p.name for p in (work / "data" / "labels").iterdir()) == [
         "colon_t.parquet", "marker_qc.csv", "skin_t.parquet", "summary.csv"]
     assert (work / "reports" / "annotation" / "metrics.json").is_file()
-    runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
+    runs = pd.read_parquet(work / "reports" / "probe" / "runs.parquet")
     assert set(runs["protocol"]) == {"is", "mocv", "looo"}  # IOCD: no organ has two sections
     assert (runs["status"] == "ok").sum() > 0
     assert (work / "mlflow.db").is_file()  # the default tracking URI, relative to the project root
+    for stage in ("fetch", "probe", "robustness", "report"):  # every stage writes its log
+        assert "finished in" in (work / "reports" / "logs" / f"{stage}.log").read_text()
     robustness = pd.read_csv(work / "reports" / "robustness" / "summary.csv")
     assert len(robustness) == 1 and robustness["croma_median"].between(-1, 1).all()
-    assert "probe_runs.parquet" in (work / "reports" / ".gitignore").read_text()  # tracked by DVC
+    assert "/probe" in (work / "reports" / ".gitignore").read_text()  # tracked by DVC
     ignored = (work / "data" / ".gitignore").read_text()
     assert "/raw" in ignored and "/sections" in ignored  # data are tracked by DVC, not git
     page = (work / "reports" / "index.html").read_text()
@@ -81,6 +85,12 @@ def test_dvc_metrics_and_plots_show(repo):
     assert "index.html" in plots
     page = (repo["root"] / "plots" / "index.html").read_text()
     assert "reports/figures/landscape.png" in page and "croma_median" in page
+    # offline: no script or style is loaded from anywhere (the vega libraries are inlined)
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=[\"']?(https?:)?//", page), "a remote resource"
+    assert "cdn.jsdelivr" not in page
+    if CHROMIUM:  # and with every network request refused, each interactive plot draws
+        dom = dump_dom((repo["root"] / "plots" / "index.html").as_uri(), repo["root"] / "profile")
+        assert dom.count('class="vega-embed') == page.count("vegaEmbed(") > 0
 
 
 def test_second_repro_reruns_nothing(repo):
@@ -133,7 +143,7 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
     assert "Running stage 'robustness'" not in out  # the protocol is not one of its parameters
     assert "Running stage 'report'" in out  # the report follows the probe outputs
-    runs = pd.read_parquet(work / "reports" / "probe_runs.parquet")
+    runs = pd.read_parquet(work / "reports" / "probe" / "runs.parquet")
     assert set(runs["protocol"]) == {"mocv"}
     show = subprocess.run(["dvc", "exp", "show", "--json"], cwd=work, env=dvc_env(), capture_output=True, text=True,
                           timeout=HANG_GUARD_S)
@@ -142,6 +152,14 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     experiment = _find_experiment(shown, "mocv-only")
     assert experiment is not None, shown
     metrics = experiment["data"]["metrics"]["reports/metrics.json"]["data"]
-    assert set(metrics["filterbank-dense"]) == {"mocv"}
-    assert 0.0 <= metrics["filterbank-dense"]["mocv"]["nuc_macro_f1"] <= 1.0
+    assert set(metrics["filterbank-dense"]) == {"MOCV"}
+    assert 0.0 <= metrics["filterbank-dense"]["MOCV"] <= 100.0  # percentage points, as the report
     assert experiment["data"]["params"]["params.yaml"]["data"]["protocol"] == "mocv"
+    # the table a person reads: every changed column, none cut, in a 200-column terminal
+    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--no-pager"], cwd=work,
+                           env=dvc_env() | {"COLUMNS": "200"}, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "…" not in table.stdout and max(len(line.rstrip()) for line in lines) <= 200, table.stdout
+    header = next(line for line in lines if "Experiment" in line)
+    assert "protocol" in header and "filterbank-dense.MOCV" not in header  # unchanged: the same MOCV fits

@@ -70,8 +70,8 @@ def twin_runs(tiny_features, tmp_path_factory) -> list[dict]:
 
 def test_probe_run_tables_are_identical(twin_runs):
     first, second = twin_runs
-    a = pd.read_parquet(first["reports"] / "probe_runs.parquet")
-    b = pd.read_parquet(second["reports"] / "probe_runs.parquet")
+    a = pd.read_parquet(first["reports"] / "probe" / "runs.parquet")
+    b = pd.read_parquet(second["reports"] / "probe" / "runs.parquet")
     assert len(a) > 0 and (a["status"] == "ok").sum() > 0
     timing = [c for c in TIMING_COLUMNS if c in a.columns]
     assert timing == ["fit_seconds"]  # the one column that may differ; everything else must not

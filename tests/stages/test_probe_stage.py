@@ -31,7 +31,7 @@ def all_protocols(probe_data, tmp_path_factory):
 
 def test_run_table_has_one_row_per_planned_run(all_protocols):
     runs = all_protocols["runs"]
-    on_disk = pd.read_parquet(all_protocols["reports"] / "probe_runs.parquet")
+    on_disk = pd.read_parquet(all_protocols["reports"] / "probe" / "runs.parquet")
     assert list(on_disk.columns) == RUN_COLUMNS and len(on_disk) == len(runs)
     # 3 sections (Breast ×2, Lymphoid ×1): IS 3 units × 2 seeds, IOCD 2 × 1, MOCV 3 folds × 1, LOOO 2 × 1,
     # for 3 available readouts (Cls is unavailable for the filterbank) × 2 taxonomies.
@@ -71,25 +71,24 @@ def test_probes_learn_the_cell_types(all_protocols):
 
 
 def test_metrics_json_and_summaries(all_protocols):
+    """metrics.json is the report's headline table without SDs: the same names, percentage points."""
     reports = all_protocols["reports"]
     metrics = json.loads((reports / "metrics.json").read_text())
     entry = metrics["filterbank-dense"]
     assert metrics["magnification"] == "10x"
-    assert set(entry) >= {"is", "mocv", "looo", "cra_macro_f1"}
+    assert set(entry) >= {"IS", "MOCV", "LOOO", "CRA"}
     runs = all_protocols["runs"]
-    from cellpath.probing.stats import protocol_summary
+    from cellpath.probing.stats import pooled_cell_representation_advantage, protocol_summary
 
     nuc = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine") & (runs["status"] == "ok")]
     expected = protocol_summary(nuc, "macro_f1").set_index("protocol")["mean"]
-    assert entry["is"]["nuc_macro_f1"] == pytest.approx(expected["is"], abs=1e-4)
-    from cellpath.probing.stats import pooled_cell_representation_advantage
-
+    assert entry["IS"] == pytest.approx(100 * expected["is"], abs=0.005)
     cra = pooled_cell_representation_advantage(runs[runs["status"] == "ok"], "macro_f1", "10x").set_index("model")
-    assert entry["cra_macro_f1"] == pytest.approx(cra.loc["filterbank-dense", "cra"], abs=1e-4)
+    assert entry["CRA"] == pytest.approx(100 * cra.loc["filterbank-dense", "cra"], abs=0.005)
     for name in ("summary", "cra", "cra_pooled", "wins", "crt", "rank_agreement", "is_panels", "cra_panels"):
         assert (reports / "probe" / f"{name}.csv").is_file()
     timing = json.loads((reports / "probe" / "timing.json").read_text())
-    assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2  # readouts × taxonomies
+    assert 0 <= timing["mlflow_fraction"] < 1 and timing["mlflow_runs"] == 1 + 3 * 2 * 4  # readouts × taxonomies × protocols
 
 
 def test_every_run_is_retrievable_from_mlflow(all_protocols):
@@ -103,17 +102,61 @@ def test_every_run_is_retrievable_from_mlflow(all_protocols):
     found = client.search_runs([experiment.experiment_id], max_results=1000)
     parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert len(parents) == 1 and len(children) == 3 * 2  # readouts × taxonomies, the protocols inside
-    assert parents[0].data.tags["dvc.experiment"] == "workspace"
-    child = next(c for c in children if c.data.params["readout"] == "Nuc" and c.data.params["taxonomy"] == "fine")
-    assert child.data.params["protocols"] == "is,iocd,mocv,looo"
+    assert len(parents) == 1 and len(children) == 3 * 2 * 4  # readouts × taxonomies × protocols
+    parent = parents[0]
+    assert parent.data.tags["dvc.experiment"] == "workspace"
+    assert parent.info.run_name.startswith("probe · workspace@")  # the experiment and commit in the name
+    assert not any("filterbank" in key for key in parent.data.metrics)  # no model in a metric name
+    child = next(c for c in children if c.data.params["readout"] == "Nuc" and c.data.params["taxonomy"] == "fine"
+                 and c.data.params["protocol"] == "is")
+    assert child.info.run_name.startswith("filterbank-dense is 10x Nuc fine · workspace@")
     table = load_logged_table(f"sqlite:///{tmp}/mlflow.db", child.info.run_id)
-    mine = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine")]
+    mine = runs[(runs["readout"] == "Nuc") & (runs["taxonomy"] == "fine") & (runs["protocol"] == "is")]
     assert len(table) == len(mine)
     np.testing.assert_allclose(np.sort(table["macro_f1"].dropna()), np.sort(mine["macro_f1"].dropna()))
-    is_runs = mine[mine["protocol"] == "is"]
-    assert child.data.metrics["is/runs_ok"] == (is_runs["status"] == "ok").sum()
-    assert any(key.startswith("mocv/unit/fold") for key in child.data.metrics)
+    assert child.data.metrics["runs_ok"] == (mine["status"] == "ok").sum()
+    # percentage points, as the report shows them
+    from cellpath.probing.stats import protocol_summary
+
+    assert child.data.metrics["macro_f1"] == pytest.approx(100 * protocol_summary(mine, "macro_f1")["mean"].iloc[0])
+    assert {"wins_macro_f1", "cra_macro_f1", "cra_wins"} <= set(child.data.metrics)
+    mocv = next(c for c in children if c.data.params["protocol"] == "mocv")
+    assert any(key.startswith("unit/fold") for key in mocv.data.metrics)
+    # a child spans its fitting time, not the instant it was logged
+    fitted = float(runs[(runs["readout"] == mocv.data.params["readout"]) & (runs["protocol"] == "mocv")
+                        & (runs["taxonomy"] == mocv.data.params["taxonomy"])]["fit_seconds"].sum())
+    assert (mocv.info.end_time - mocv.info.start_time) / 1000 == pytest.approx(fitted, abs=0.01)
+
+
+def test_mlflow_compares_models_on_one_condition(probe_data, all_protocols, tmp_path):
+    """Two models in one experiment: filtering the runs by a condition's params gives one run per
+    model with the same metric keys, as the UI's compare view needs."""
+    from mlflow.tracking import MlflowClient
+
+    from cellpath.config import MlflowConfig
+    from cellpath.runtime.tracking import Tracker
+    from cellpath.stages.probe import comparison_metrics, log_conditions, nested_panels, summarise
+
+    runs = all_protocols["runs"]
+    other = runs.assign(model="filterbank-copy", macro_f1=runs["macro_f1"] * 0.9)
+    table = pd.concat([runs, other], ignore_index=True)
+    tracker = Tracker(MlflowConfig(tracking_uri="sqlite:///store.db", artifact_location="art", experiment="two"),
+                      "probe", tmp_path)
+    for _, frame in table.groupby(["model", "readout", "taxonomy"], sort=False):
+        log_conditions(tracker, frame.reset_index(drop=True), all_protocols["params"])
+    summaries = summarise(table, ["10x"], nested_panels(probe_data["data_dir"], all_protocols["params"].panel))
+    for name, metrics in comparison_metrics(table, summaries, ["10x"]).items():
+        tracker.add_metrics(name, metrics)
+    tracker.finish({}, {})
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store.db'}")
+    experiment = client.get_experiment_by_name("two")
+    chosen = client.search_runs([experiment.experiment_id], "params.protocol = 'mocv' and params.readout = 'Nuc' "
+                                "and params.taxonomy = 'fine' and params.magnification = '10x'")
+    assert sorted(r.data.params["model"] for r in chosen) == ["filterbank-copy", "filterbank-dense"]
+    first, second = (set(r.data.metrics) for r in chosen)
+    assert first == second and {"macro_f1", "macro_f1_sd", "wins_macro_f1"} <= first
+    by_model = {r.data.params["model"]: r.data.metrics["macro_f1"] for r in chosen}
+    assert by_model["filterbank-copy"] < by_model["filterbank-dense"]
 
 
 def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_path):
@@ -133,7 +176,7 @@ def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_pat
     for metric in ("val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc"):
         assert (fitted[metric] - fitted[f"{metric}_full"]).abs().max() <= 1e-6, metric
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    assert set(metrics["filterbank-dense"]) == {"mocv"}
+    assert set(metrics["filterbank-dense"]) == {"MOCV"}  # no CRA (needs IS) or CRT (needs all three)
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -148,7 +191,7 @@ def test_nan_features_are_reported_with_section_and_encoder(probe_data, tmp_path
     params = parse_params(data | {"mlflow": {"enabled": False}})
     with pytest.raises(InputError, match=r"breast_b.*NaN or infinite Nuc features \(encoder filterbank-dense, 10x\)"):
         run_probe_stage(params, data_dir, tmp_path / "reports", root=tmp_path)
-    assert not (tmp_path / "reports" / "probe_runs.parquet").exists()
+    assert not (tmp_path / "reports" / "probe").exists()
 
 
 def test_too_many_mocv_folds_names_the_parameter(probe_data, tmp_path):

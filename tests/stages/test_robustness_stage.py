@@ -84,6 +84,10 @@ def test_low_margin_enrichment_and_shortcut(stage):
     assert sorted(curves["cramers_v"].round(1).unique())[0] == 0.0
     metrics = json.loads((stage["reports"] / "robustness_metrics.json").read_text())
     assert metrics["magnification"] == "10x" and "filterbank-dense" in metrics
+    # the report's names (LTM10, F(0), nIPD ...), not the code's (ltm, f0, nipd_in_domain)
+    assert set(metrics["filterbank-dense"]) <= {"CRoMa median", "F(0)", "LTM10", "RI", "MaRI", "k-NN BAcc biology",
+                                                "k-NN BAcc confounder", "nIPD in domain", "nIPD held out"}
+    assert "nIPD in domain" in metrics["filterbank-dense"]
 
 
 def test_conditions_are_logged_to_mlflow_with_margins(stage):
@@ -96,7 +100,25 @@ def test_conditions_are_logged_to_mlflow_with_margins(stage):
     assert len(children) == len(stage["summary"])
     artifacts = [a.path for a in client.list_artifacts(children[0].info.run_id)]
     assert artifacts == ["margins.parquet"]
-    assert "croma_median" in children[0].data.metrics
+    for child in children:
+        params, metrics = child.data.params, child.data.metrics
+        assert {"croma_median", "f0", "ltm", "ri", "mari", "bio_bacc"} <= set(metrics)
+        assert not {"m", "k", "magnification", "unit"} & set(metrics)  # settings are params, not metrics again
+        name = child.info.run_name.split(" · ")[0]
+        expected = [params["model"], params["magnification"], params["readout"], params["taxonomy"]]
+        if params["scope"] != "panel":
+            expected += [params["scope"], params["unit"]]
+        assert name == " ".join(expected)  # no "panel panel"
+    shortcut = pd.read_csv(stage["reports"] / "robustness" / "shortcut_summary.csv").set_index("setting")
+    paired = [c for c in children if c.data.params["scope"] == "panel"
+              and c.data.params["readout"] == shortcut["readout"].iloc[0]
+              and c.data.params["taxonomy"] == shortcut["taxonomy"].iloc[0]]
+    assert paired and all(c.data.metrics["nipd_in_domain"] == pytest.approx(shortcut.loc["in_domain", "nipd"])
+                          and c.data.metrics["nipd_in_domain_low"] <= c.data.metrics["nipd_in_domain"]
+                          for c in paired)
+    assert not any("nipd_in_domain" in c.data.metrics for c in children if c not in paired)
+    sampled = [c for c in children if "croma_median_low" in c.data.metrics]  # anchor-scored units carry intervals
+    assert all(c.data.metrics["croma_median_low"] <= c.data.metrics["croma_median"] for c in sampled)
 
 
 def test_patch_groups_match_the_extraction_tiling(tiny_features):
@@ -172,11 +194,12 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
         features[f"model-{i}"] = x
     own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    unit = _UnitData({slug: ArrayRows(x) for slug, x in features.items()}, biology, confounder, {s.slug: groups for s in specs}, None)
+    unit = _UnitData({slug: ArrayRows(x) for slug, x in features.items()}, biology, confounder,
+                     {s.slug: groups for s in specs}, None)
     scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
-    assert [result.k for _, result, _ in scored] == [k, k, k]
-    assert [own_k for _, _, own_k in scored] == own
+    assert [result.k for _, result, _, _ in scored] == [k, k, k]
+    assert [own_k for _, _, own_k, _ in scored] == own
 
 
 def test_a_unit_above_full_max_cells_is_scored_on_anchors_with_intervals(stage, tiny_features, tmp_path):

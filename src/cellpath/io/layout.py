@@ -86,6 +86,11 @@ def work_root(data_dir: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- reports/
+def stage_log(reports: Path, stage: str) -> Path:
+    """The log of a stage's last run (``reports/logs/<stage>.log``; ignored by git, attached to MLflow)."""
+    return reports / "logs" / f"{stage}.log"
+
+
 def annotation_reports(reports: Path) -> Path:
     """Label transfer against the simulator's truth: ``reports/annotation/``."""
     return Path(reports) / "annotation"
@@ -102,8 +107,8 @@ def probe_reports(reports: Path) -> Path:
 
 
 def probe_runs_parquet(reports: Path) -> Path:
-    """Every probe run, one row each: ``reports/probe_runs.parquet``."""
-    return Path(reports) / "probe_runs.parquet"
+    """Every probe run, one row each: ``reports/probe/runs.parquet`` (inside the stage's one output folder)."""
+    return probe_reports(reports) / "runs.parquet"
 
 
 def probe_metrics_json(reports: Path) -> Path:

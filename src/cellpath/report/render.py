@@ -19,8 +19,18 @@ class Table:
     caption: str
     frame: pd.DataFrame
     marks: dict[str, tuple[object, object]] = field(default_factory=dict)
+    #: why the table can be empty in this run (shown instead of an empty table)
+    empty_reason: str = "see the parameters: protocol, readouts, magnifications"
+
+    @property
+    def empty(self) -> bool:
+        """No rows, or no cell with a value (every cell "–" or blank)."""
+        return self.frame.empty or bool(self.frame.astype(str).isin(["–", "", "nan"]).all().all())
 
     def html(self) -> Markup:
+        if self.empty:
+            return Markup(f'<p class="note" id="{escape(self.name)}-empty">{escape(self.title)}: no data in this run '
+                          f'({escape(self.empty_reason)}).</p>')
         header = "".join(f"<th>{escape(c)}</th>" for c in [self.frame.index.name or "", *self.frame.columns])
         rows = []
         for index, row in self.frame.iterrows():

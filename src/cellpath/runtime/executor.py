@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,25 +153,55 @@ def wait_at_gate(key: str) -> None:
         time.sleep(0.01)
 
 
+class TaskProgress:
+    """Progress over a stage's pending tasks: a tqdm bar on a terminal, and one log line per finished
+    task as it finishes, with the elapsed time and an estimate of what is left (the mean wall time
+    per finished task so far × the tasks left; with parallel workers this is wall time, not CPU time)."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.total, self.done = total, 0
+        self.started = time.perf_counter()
+        self.bar = tqdm(total=total, unit="task", disable=None, leave=False, dynamic_ncols=True)
+
+    def finished(self, outcome: Outcome) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / self.done * (self.total - self.done)
+        self.bar.update(1)
+        log.info("task %d/%d finished in %.1f s: %s; %.0f s elapsed, about %.0f s left", self.done, self.total,
+                 outcome.seconds, outcome.key, elapsed, left)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def run_tasks(tasks: list[Task], cfg: ExecutorConfig) -> list[Outcome]:
-    """Run every task whose output is not complete yet; one outcome per task, in task order."""
+    """Run every task whose output is not complete yet; one outcome per task, in task order. Each
+    finished task is logged as it finishes (:class:`TaskProgress`)."""
     keys = [task.key for task in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError(f"task keys must be unique; repeated: {sorted({k for k in keys if keys.count(k) > 1})}")
     pending = [task for task in tasks if not task.is_complete(task.output)]
     log.info("executor %s (%d worker(s)): %d task(s), %d already complete", cfg.backend, cfg.workers, len(tasks),
              len(tasks) - len(pending))
-    if not pending:
-        done = []
-    elif cfg.backend == "dask":
-        done = _run_dask(pending, cfg, thread_settings())
-    elif cfg.workers == 1:
-        done = []
-        for number, task in enumerate(pending, 1):
-            log.info("task %d/%d started: %s", number, len(pending), task.key)
-            done.append(execute(task))
-    else:
-        done = _run_pool(pending, cfg, thread_settings())
+    progress = TaskProgress(len(pending))
+    try:
+        if not pending:
+            done = []
+        elif cfg.backend == "dask":
+            done = _run_dask(pending, cfg, thread_settings(), progress)
+        elif cfg.workers == 1:
+            done = []
+            for number, task in enumerate(pending, 1):
+                log.info("task %d/%d started: %s", number, len(pending), task.key)
+                done.append(execute(task))
+                progress.finished(done[-1])
+        else:
+            done = _run_pool(pending, cfg, thread_settings(), progress)
+    finally:
+        progress.close()
     by_key = {outcome.key: outcome for outcome in done}
     return [by_key.get(task.key, Outcome(task.key, task.output, False, 0.0)) for task in tasks]
 
@@ -218,7 +248,7 @@ def _pin_gpu(gpu_slots) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu_slots.get()
 
 
-def _run_pool(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int]) -> list[Outcome]:
+def _run_pool(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int], progress: TaskProgress) -> list[Outcome]:
     """A forkserver process pool (safe with torch / faiss thread pools); results in task order."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(sorted({task.fn.__module__ for task in tasks}))  # until the server starts
@@ -233,6 +263,8 @@ def _run_pool(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int]) -
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_pin_gpu, initargs=(slots,))
         futures = [pool.submit(execute, task, threads) for task in tasks]
         try:
+            for future in as_completed(futures):
+                progress.finished(future.result())
             return [future.result() for future in futures]
         except BrokenProcessPool:
             lost = [task.key for task, future in zip(tasks, futures)
@@ -287,9 +319,9 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
         yield client
 
 
-def _run_dask(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int]) -> list[Outcome]:
+def _run_dask(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int], progress: TaskProgress) -> list[Outcome]:
     """Submit every task (pure=False, keyed by the task key, retried) and gather in task order."""
-    from distributed import KilledWorker
+    from distributed import KilledWorker, as_completed as dask_as_completed
 
     local = cfg.address is None and cfg.cluster == "local"  # workers started here, on this machine
     gpus = visible_gpus() if local and any(task.gpu for task in tasks) else []
@@ -300,6 +332,8 @@ def _run_dask(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int]) -
         futures = [client.submit(execute, task, threads, key=task.key, pure=False, retries=DASK_RETRIES,
                                  resources={"GPU": 1} if task.gpu and advertised else None) for task in tasks]
         try:
+            for future in dask_as_completed(futures):
+                progress.finished(future.result())
             return client.gather(futures)
         except KilledWorker as exc:
             raise ExecutorError(

@@ -1,13 +1,16 @@
-"""MLflow tracking of a pipeline run: one parent run per stage execution, one child run per condition.
+"""MLflow tracking of a pipeline run, organised for comparing models: one parent run per stage
+execution, one child run per comparable condition.
 
-A condition is (model, magnification, readout, taxonomy) for the probe stage, its protocols
-inside. Each child run holds the condition as params, per protocol its summary and per-unit
-scores as metrics, and its probe rows as a logged table (``probe_runs.json``), so every probe run
-is retrievable from MLflow while the number of MLflow runs stays in the thousands at the paper's
-scale (30 models × 3 magnifications × 7 readouts × 2 taxonomies = 1,260), not 304,920. Runs are tagged with
-the git commit, the DVC experiment name (``DVC_EXP_NAME`` during ``dvc exp run``) and a digest of
-each dvc.lock stage entry. Logging goes through ``MlflowClient`` batches; the time spent in it is
-measured (``seconds``) so the stage can report logging overhead.
+A condition is what two models are compared on: for the probe stage (model, magnification,
+readout, taxonomy, protocol), for robustness (model, magnification, readout, taxonomy, scope,
+unit). The condition is the child's params (and so columns of the runs table); its metric names
+never contain the model, so the UI's compare and chart views line models up on the same keys
+(docs/decisions/0028). Runs are named with the DVC experiment and the git commit
+(``<condition> · <experiment>@<commit>[+dirty]``) and tagged with the commit, the experiment
+(``DVC_EXP_NAME`` during ``dvc exp run``) and a digest of each dvc.lock stage entry. A child's
+start and end times are those of its computation. The stage's log file is attached to the parent.
+Logging goes through ``MlflowClient`` batches in one background thread; the time the stage spends
+blocked on it is measured (``seconds``) so the stage can report logging overhead.
 """
 
 from __future__ import annotations
@@ -78,6 +81,12 @@ def provenance_tags(root: Path) -> dict[str, str]:
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
+def run_label(tags: dict[str, str]) -> str:
+    """``<DVC experiment>@<short commit>`` (``+dirty`` when the tree had uncommitted changes)."""
+    commit = tags.get("mlflow.source.git.commit", "")[:7] or "no-git"
+    return f"{tags.get('dvc.experiment', 'workspace')}@{commit}{'+dirty' if tags.get('git.dirty') == 'true' else ''}"
+
+
 class Tracker:
     """Parent/child MLflow runs for one stage execution; a no-op when tracking is disabled.
 
@@ -89,12 +98,14 @@ class Tracker:
     queueing, the final wait); ``busy_seconds`` the logging thread's total work.
     """
 
-    def __init__(self, cfg: MlflowConfig, stage: str, root: Path | None = None):
+    def __init__(self, cfg: MlflowConfig, stage: str, root: Path | None = None, log_file: Path | None = None):
         self.enabled = cfg.enabled
         self.seconds = 0.0
         self.busy_seconds = 0.0
         self.children = 0
         self._pending: list = []
+        self._run_ids: dict[str, str] = {}
+        self._log_file = log_file
         self._finished = False
         if not self.enabled:
             return
@@ -114,9 +125,10 @@ class Tracker:
             if experiment is not None and not set(EXPERIMENT_TAGS) & set(experiment.tags):
                 for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
                     self._client.set_experiment_tag(self._experiment_id, key, value)
-            self._tags = provenance_tags(root)
-            parent = self._client.create_run(self._experiment_id, run_name=stage,
-                                             tags=self._tags | {"cellpath.stage": stage})
+            self._tags = provenance_tags(root) | {"cellpath.stage": stage}
+            self.label = run_label(self._tags)
+            parent = self._client.create_run(self._experiment_id, run_name=f"{stage} · {self.label}",
+                                             tags=self._tags | {"cellpath.kind": "stage"})
             self.parent_run_id = parent.info.run_id
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
 
@@ -136,8 +148,10 @@ class Tracker:
             self.seconds += time.perf_counter() - started
 
     def log_child(self, name: str, params: dict, metrics: dict[str, float],
-                  tables: dict[str, pd.DataFrame] | None = None) -> None:
-        """Queue one child run under the parent: params, finite metrics and tables as artifacts.
+                  tables: dict[str, pd.DataFrame] | None = None, seconds: float | None = None) -> None:
+        """Queue one child run under the parent: the condition ``params``, finite metrics and tables
+        as artifacts. ``seconds``: how long the condition's computation took (its run then spans
+        that time, ending now); ``name`` identifies the run for :meth:`add_metrics`.
 
         A table named ``*.json`` is written as MLflow's logged-table JSON (listed as a table in the
         UI); ``*.parquet`` as a Parquet file.
@@ -145,24 +159,48 @@ class Tracker:
         if not self.enabled:
             return
         with self._timed():
+            ended = int(time.time() * 1000)
+            started = ended - int(round(1000 * seconds)) if seconds is not None else ended
             copies = {file: frame.copy() for file, frame in (tables or {}).items()}
-            self._pending.append(self._worker.submit(self._write_child, name, dict(params), dict(metrics), copies))
+            self._pending.append(self._worker.submit(self._write_child, name, dict(params), dict(metrics), copies,
+                                                     started, ended))
 
-    def _write_child(self, name: str, params: dict, metrics: dict[str, float], tables: dict[str, pd.DataFrame]) -> None:
+    def add_metrics(self, name: str, metrics: dict[str, float]) -> None:
+        """Queue more metrics for the child run ``name`` (logged earlier), e.g. those that need
+        every model's results, such as significant wins."""
+        if not self.enabled:
+            return
+        with self._timed():
+            self._pending.append(self._worker.submit(self._write_metrics, name, dict(metrics)))
+
+    def _write_metrics(self, name: str, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        started = time.perf_counter()
+        now = int(time.time() * 1000)
+        metric_list = [Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)]
+        for start in range(0, len(metric_list), 1000):  # MLflow's batch limit
+            self._client.log_batch(self._run_ids[name], metrics=metric_list[start:start + 1000])
+        self.busy_seconds += time.perf_counter() - started
+
+    def _write_child(self, name: str, params: dict, metrics: dict[str, float], tables: dict[str, pd.DataFrame],
+                     started_ms: int, ended_ms: int) -> None:
         import tempfile
 
         from mlflow.entities import Metric, Param
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
         started = time.perf_counter()
-        tags = self._tags | {"mlflow.parentRunId": self.parent_run_id, "cellpath.condition": name}
+        tags = self._tags | {"mlflow.parentRunId": self.parent_run_id, "cellpath.kind": "condition",
+                             "cellpath.condition": name}
         json_tables = [file for file in tables if file.endswith(".json")]
         if json_tables:  # what MLflow's log_table records, so the UI lists them as tables
             tags["mlflow.loggedArtifacts"] = json.dumps([{"path": file, "type": "table"} for file in json_tables])
-        run = self._client.create_run(self._experiment_id, run_name=name, tags=tags)
+        run = self._client.create_run(self._experiment_id, run_name=f"{name} · {self.label}", tags=tags,
+                                      start_time=started_ms)
         run_id = run.info.run_id
-        now = int(time.time() * 1000)
-        metric_list = [Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)]
+        self._run_ids[name] = run_id
+        metric_list = [Metric(k, float(v), ended_ms, 0) for k, v in metrics.items() if pd.notna(v)]
         param_list = [Param(k, str(v)) for k, v in params.items()]
         for start in range(0, max(len(metric_list), 1), 1000):  # MLflow's batch limit
             self._client.log_batch(run_id, metrics=metric_list[start:start + 1000],
@@ -178,12 +216,13 @@ class Tracker:
                 else:
                     frame.to_parquet(path, index=False)
                 repository.log_artifact(str(path))
-        self._client.set_terminated(run_id)
+        self._client.set_terminated(run_id, end_time=ended_ms)
         self.children += 1
         self.busy_seconds += time.perf_counter() - started
 
     def finish(self, params: dict, metrics: dict[str, float], artifacts: list[Path] = (), failed: bool = False) -> None:
-        """Wait for the child runs, then close the parent with the stage's params, metrics and files."""
+        """Wait for the child runs, then close the parent with the stage's params, metrics and files
+        (and the stage's log file as it stands, also when the stage failed)."""
         if not self.enabled or self._finished:
             return
         self._finished = True
@@ -197,7 +236,7 @@ class Tracker:
             self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()
                                                     if pd.notna(v)][:1000],
                                    params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-            for path in artifacts:
+            for path in [*artifacts, *([self._log_file] if self._log_file and self._log_file.is_file() else [])]:
                 self._client.log_artifact(run_id, str(path))
             self._client.set_terminated(run_id, status="FAILED" if failed or errors else "FINISHED")
         if errors and not failed:

@@ -3,7 +3,7 @@ table, the paper's summaries, ``reports/metrics.json`` and the MLflow runs.
 
 Outputs (paths relative to the reports folder):
 
-- ``probe_runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
+- ``probe/runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
 - ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC);
 - ``probe/cra.csv``, ``probe/wins.csv``, ``probe/crt.csv``, ``probe/rank_agreement.csv``;
 - ``probe/counts.json``: runs fitted, skipped (fewer than two gated classes) and structurally
@@ -29,14 +29,14 @@ from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (TIMING_NAME, features_dir, panels_csv, probe_metrics_json, probe_reports,
-                                probe_runs_parquet)
+                                probe_runs_parquet, stage_log)
 from cellpath.probing.plan import RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.probing.protocols import IS_EXCLUSION_RULES
 from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, run_tasks, thread_settings
 from cellpath.runtime.shards import file_fingerprint, prune, read_context, shard_task, work_dir, write_context
 from cellpath.runtime.tracking import Tracker, flat_metrics, metric_key
-from cellpath.vocabulary import headline_magnification
+from cellpath.vocabulary import PROTOCOL_LABELS, PROTOCOLS, headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                     unavailable[run.protocol] += missing
     context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
     frames = []
-    with Tracker(params.mlflow, "probe", root) as tracker:
+    with Tracker(params.mlflow, "probe", root, stage_log(reports, "probe")) as tracker:
         outcomes = run_tasks(tasks, params.executor)
         for outcome in outcomes:  # in task order: the run table does not depend on the executor
             shard = pd.read_parquet(outcome.output)
@@ -74,18 +74,18 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                 frames.append(frame)
                 model, magnification, readout, taxonomy = frame.loc[0, ["model", "magnification", "readout",
                                                                          "taxonomy"]]
-                log.info("probe %s %s %s %s: %d runs, %.1f s of fitting%s", model, magnification, readout, taxonomy,
-                         int((frame["status"] == "ok").sum()), frame["fit_seconds"].sum(),
-                         "" if outcome.computed else " (finished in an earlier run)")
-                tracker.log_child(f"{model} {magnification} {readout} {taxonomy}",
-                                  condition_params(frame, params), condition_metrics(frame),
-                                  {"probe_runs.json": frame})
+                if not outcome.computed:
+                    log.info("probe %s %s %s %s: %d runs (finished in an earlier run)", model, magnification,
+                             readout, taxonomy, int((frame["status"] == "ok").sum()))
+                log_conditions(tracker, frame, params)
         runs_table = pd.concat(frames, ignore_index=True)
         summaries = summarise(runs_table, magnifications, nested_panels(data_dir, params.panel))
+        for name, comparison in comparison_metrics(runs_table, summaries, magnifications).items():
+            tracker.add_metrics(name, comparison)
         counts = run_counts(runs_table, unavailable)
-        metrics = headline_metrics(runs_table, summaries, counts, magnifications)
+        metrics = headline_metrics(runs_table, summaries, magnifications)
         write_outputs(reports, runs_table, summaries, counts, metrics)
-        tracker.finish(stage_params(params, magnifications), flat_metrics(metrics),
+        tracker.finish(stage_params(params, magnifications), flat_metrics(counts, "runs/"),
                        [probe_runs_parquet(reports), probe_metrics_json(reports)])
     prune(context.parent, [context, *(task.output for task in tasks)])
     elapsed = time.perf_counter() - started
@@ -168,44 +168,91 @@ def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, mag
         if not readout_available(spec, readout):
             continue
         x = base.readout(readout)
-        for runs in plans[magnification].values():
-            frames.append(fit_condition(x, panel.cells, runs, cfg).assign(
-                model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
+        for taxonomy, runs in plans[magnification].items():
+            started = time.perf_counter()
+            frame = fit_condition(x, panel.cells, runs, cfg)
+            log.info("probe %s %s %s %s: %d runs fitted in %.1f s", spec.name, magnification, readout, taxonomy,
+                     int((frame["status"] == "ok").sum()), time.perf_counter() - started)
+            frames.append(frame.assign(model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
     pd.concat(frames, ignore_index=True).to_parquet(out, index=False)
 
 
-def condition_params(frame: pd.DataFrame, params: Params) -> dict:
-    """MLflow params of one (model, magnification, readout, taxonomy) child run."""
-    first = frame.iloc[0]
-    taxonomy = first["taxonomy"]
+#: MLflow logs the probe's scores in percentage points, as the report shows them.
+PERCENT = 100.0
+
+
+def condition_name(part: pd.DataFrame) -> str:
+    """The MLflow name of one comparable condition: ``<model> <protocol> <magnification> <readout> <taxonomy>``."""
+    first = part.iloc[0]
+    return " ".join(str(first[key]) for key in ("model", "protocol", "magnification", "readout", "taxonomy"))
+
+
+def log_conditions(tracker: Tracker, frame: pd.DataFrame, params: Params) -> None:
+    """One MLflow child run per protocol of one model's (magnification, readout, taxonomy) rows,
+    spanning its fitting time, with its probe rows as a logged table."""
+    for _, part in frame.groupby("protocol", sort=False):
+        part = part.reset_index(drop=True)
+        tracker.log_child(condition_name(part), condition_params(part, params), condition_metrics(part),
+                          {"probe_runs.json": part}, seconds=float(part["fit_seconds"].sum()))
+
+
+def condition_params(part: pd.DataFrame, params: Params) -> dict:
+    """MLflow params of one (model, magnification, readout, taxonomy, protocol) child run."""
+    first = part.iloc[0]
+    taxonomy, protocol = first["taxonomy"], first["protocol"]
     return {"model": first["model"], "magnification": first["magnification"], "readout": first["readout"],
-            "taxonomy": taxonomy, "protocols": ",".join(frame["protocol"].unique()), "panel": params.panel,
-            "seeds": json.dumps({p: params.probe.seeds[p] for p in frame["protocol"].unique()}),
+            "taxonomy": taxonomy, "protocol": protocol, "panel": params.panel, "seeds": params.probe.seeds[protocol],
             "min_train_cells": getattr(params.probe.min_train_cells, taxonomy),
             "min_test_cells": getattr(params.probe.min_test_cells, taxonomy)}
 
 
-def condition_metrics(frame: pd.DataFrame) -> dict[str, float]:
-    """Per protocol: balanced summary, run counts and seed-averaged Macro-F1 per unit (the rows hold the rest).
-
-    Keys are ``<protocol>/<name>``, e.g. ``mocv/macro_f1_mean`` or ``is/unit/<section>/macro_f1``.
-    """
+def condition_metrics(part: pd.DataFrame) -> dict[str, float]:
+    """One condition's balanced summary (percentage points), run counts and seed-averaged Macro-F1 per
+    unit: ``macro_f1``, ``macro_f1_sd``, ``n_units``, ``runs_ok``, ``unit/<section>/macro_f1``, …"""
     from cellpath.probing.stats import protocol_summary, unit_scores
 
-    metrics: dict[str, float] = {}
-    for protocol, part in frame.groupby("protocol", sort=False):
-        metrics[f"{protocol}/runs_ok"] = float((part["status"] == "ok").sum())
-        metrics[f"{protocol}/runs_skipped"] = float((part["status"] == "skipped").sum())
-        fitted = part[part["status"] == "ok"]
-        metrics[f"{protocol}/runs_not_converged"] = float((~fitted["converged"].astype(bool)).sum())
-        for metric in METRICS:
-            summary = protocol_summary(part, metric)
-            if len(summary):
-                metrics[f"{protocol}/{metric}_mean"] = float(summary["mean"].iloc[0])
-                metrics[f"{protocol}/{metric}_sd"] = float(summary["sd"].iloc[0])
-        for row in unit_scores(part, "macro_f1").itertuples():
-            metrics[metric_key(protocol, "unit", row.unit, "macro_f1")] = float(row.score)
+    fitted = part[part["status"] == "ok"]
+    metrics: dict[str, float] = {"runs_ok": float(len(fitted)),
+                                 "runs_skipped": float((part["status"] == "skipped").sum()),
+                                 "runs_not_converged": float((~fitted["converged"].astype(bool)).sum())}
+    for metric in METRICS:
+        summary = protocol_summary(part, metric)
+        if len(summary):
+            metrics[metric] = PERCENT * float(summary["mean"].iloc[0])
+            metrics[f"{metric}_sd"] = PERCENT * float(summary["sd"].iloc[0])
+            metrics["n_units"] = float(summary["n_units"].iloc[0])
+    for row in unit_scores(part, "macro_f1").itertuples():
+        metrics[metric_key("unit", row.unit, "macro_f1")] = PERCENT * float(row.score)
     return metrics
+
+
+def comparison_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame],
+                       magnifications: list[str]) -> dict[str, dict[str, float]]:
+    """Per condition name, what needs every model: significant wins per metric (``wins_macro_f1``,
+    …; Wilcoxon over paired units, out of the other models), for IS the CRA of its magnification
+    and taxonomy (``cra_macro_f1``, pp, and ``cra_wins``), and CRT on the headline condition's
+    cross-domain protocols (Tfine, Nuc, headline magnification)."""
+    out: dict[str, dict[str, float]] = {}
+    keys = ["model", "protocol", "magnification", "readout", "taxonomy"]
+    for row in runs[keys].drop_duplicates().itertuples(index=False):
+        out[" ".join(map(str, row))] = {}
+    wins = summaries["wins"]
+    for row in wins.itertuples():
+        name = " ".join(str(getattr(row, key)) for key in keys)
+        if name in out:
+            out[name][f"wins_{row.metric}"] = float(row.wins)
+    cra = summaries["cra"]
+    for row in cra[cra["metric"] == "macro_f1"].itertuples():
+        name = f"{row.model} is {row.magnification} Nuc {row.taxonomy}"
+        if name in out:
+            out[name] |= {"cra_macro_f1": PERCENT * float(row.cra), "cra_wins": float(row.wins)}
+    headline = headline_magnification(magnifications)
+    for row in summaries["crt"].itertuples():
+        for protocol in ("iocd", "mocv", "looo"):
+            name = f"{row.model} {protocol} {headline} Nuc fine"
+            if name in out and np.isfinite(row.crt):
+                out[name]["crt"] = float(row.crt)
+    return {name: metrics for name, metrics in out.items() if metrics}
 
 
 def summarise(runs: pd.DataFrame, magnifications: list[str], panels: dict[str, list[str]]) -> dict[str, pd.DataFrame]:
@@ -252,33 +299,30 @@ def run_counts(runs: pd.DataFrame, unavailable: dict[str, int]) -> dict:
     return counts
 
 
-def _round(value: float) -> float | None:
-    return None if value is None or not np.isfinite(value) else round(float(value), 4)
+def _points(value: float) -> float | None:
+    """A fraction as percentage points, 2 decimals, as the report shows it (None when undefined)."""
+    return None if value is None or not np.isfinite(value) else round(PERCENT * float(value), 2)
 
 
-def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
-                     magnifications: list[str]) -> dict:
-    """Per model: Tfine Nuc Macro-F1/-AUROC per protocol at the headline magnification, CRA (Eq. 4,
-    taxonomies pooled) with its significant wins, and CRT."""
+def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], magnifications: list[str]) -> dict:
+    """``reports/metrics.json`` for ``dvc metrics show`` / ``dvc exp show``: the report's headline
+    table without its SDs. Per model: Tfine Nuc Macro-F1 (pp) per protocol at the headline
+    magnification (``IS``, ``IOCD``, ``MOCV``, ``LOOO``), ``CRA`` (pp, Eq. 4, taxonomies pooled) and
+    ``CRT``; keys of what was not computed are left out. Run counts are in ``probe/counts.json``."""
     headline = headline_magnification(magnifications)
     summary = summaries["summary"]
     chosen = summary[(summary["readout"] == "Nuc") & (summary["taxonomy"] == "fine")
-                     & (summary["magnification"] == headline)]
-    metrics: dict = {"magnification": headline, "runs": counts["total"]}
+                     & (summary["magnification"] == headline) & (summary["metric"] == "macro_f1")]
+    cra = summaries["cra_pooled"]
+    cra = cra[(cra["magnification"] == headline) & (cra["metric"] == "macro_f1")].set_index("model")["cra"]
+    crt = summaries["crt"].set_index("model")["crt"] if len(summaries["crt"]) else pd.Series(dtype=float)
+    metrics: dict = {"magnification": headline}
     for model in sorted(runs["model"].unique()):
-        entry: dict = {}
-        for row in chosen[chosen["model"] == model].itertuples():
-            entry.setdefault(row.protocol, {})[f"nuc_{row.metric}"] = _round(row.mean)
-        cra = summaries["cra_pooled"]
-        cra = cra[(cra["model"] == model) & (cra["magnification"] == headline) & (cra["metric"] == "macro_f1")]
-        if len(cra):
-            entry["cra_macro_f1"] = _round(cra["cra"].iloc[0])
-            entry["cra_wins"] = int(cra["wins"].iloc[0])
-        crt = summaries["crt"]
-        crt = crt[crt["model"] == model]
-        if len(crt) and np.isfinite(crt["crt"].iloc[0]):
-            entry["crt"] = _round(crt["crt"].iloc[0])
-        metrics[model] = entry
+        mine = chosen[chosen["model"] == model].set_index("protocol")["mean"]
+        entry = {PROTOCOL_LABELS[p]: _points(mine[p]) for p in PROTOCOLS if p in mine.index}
+        entry |= {"CRA": _points(cra.get(model)), "CRT": None if not np.isfinite(crt.get(model, np.nan))
+                  else round(float(crt[model]), 2)}
+        metrics[model] = {key: value for key, value in entry.items() if value is not None}
     return metrics
 
 
@@ -294,12 +338,11 @@ def stage_params(params: Params, magnifications: list[str]) -> dict:
 
 def write_outputs(reports: Path, runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
                   metrics: dict) -> None:
-    """The run table, the summary folder and metrics.json, each written atomically."""
+    """The probe folder (run table, summaries, counts) and metrics.json, each written atomically."""
     reports.mkdir(parents=True, exist_ok=True)
-    with atomic_output(probe_runs_parquet(reports)) as tmp:
-        runs.to_parquet(tmp, index=False)
     with atomic_output(probe_reports(reports)) as out:
         out.mkdir()
+        runs.to_parquet(out / probe_runs_parquet(reports).name, index=False)
         for name, frame in summaries.items():
             frame.to_csv(out / f"{name}.csv", index=False)
         (out / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """report: the HTML page, Markdown/CSV tables and PNG figures from the probe and robustness outputs.
 
-Reads only what earlier stages wrote (``reports/probe/*.csv``, ``reports/probe_runs.parquet``,
+Reads only what earlier stages wrote (``reports/probe/*.csv``, ``reports/probe/runs.parquet``,
 ``reports/robustness/*``, ``data/labels/summary.csv``, ``data/panels.csv``, the encoder registry
 and, for the H&E thumbnails, the ingested sections), so every number on the page comes from the
 run tables. Writes ``reports/index.html`` (images inlined), ``reports/tables/`` (one CSV with the
@@ -29,7 +29,7 @@ from cellpath.report import figures, tables
 from cellpath.report.render import Table, render_html
 from cellpath.report.thumbnails import section_thumbnail
 from cellpath.runtime.tracking import provenance_tags
-from cellpath.vocabulary import TAXONOMIES, TAXONOMY_LABELS, headline_magnification
+from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS, PROTOCOLS, TAXONOMIES, TAXONOMY_LABELS, headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,9 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
     """The template's variables."""
     cells = inputs.label_summary
     panel = inputs.panels[inputs.panels[params.panel].astype(bool) & ~inputs.panels["excluded_by_annotation"]]
-    commit = provenance_tags(root).get("mlflow.source.git.commit", "unknown")[:10]
+    tags = provenance_tags(root)
+    commit = tags.get("mlflow.source.git.commit", "unknown")[:10]
+    protocols = [p for p in PROTOCOLS if p in set(inputs.runs["protocol"])]
     landscape = built["landscape"][1]
     missing_scale = landscape.index[landscape["pretrain_wsi"].isna()].tolist()
     counts = inputs.counts.get("total", {})
@@ -346,22 +348,34 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "n_organs": panel["organ"].nunique(), "n_cells": _evaluated_cells(cells, panel),
         "encoders": sorted(inputs.runs["model"].unique()), "magnifications": magnifications,
         "headline": headline_magnification(magnifications), "source": params.source, "git_commit": commit,
+        "git_dirty": tags.get("git.dirty") == "true", "experiment": tags.get("dvc.experiment", "workspace"),
+        "protocols": [p.upper() for p in protocols],
         "runs": {k: counts.get(k, 0) for k in ("ok", "skipped", "unavailable", "not_converged")},
         "notes": _header_notes(inputs.panels),
     }
     where = [
         {"what": "This page and its tables", "text": "reports/index.html; every table as CSV (numbers) and Markdown "
          "(as shown) in reports/tables/, figures in reports/figures/.", "command": "dvc repro report"},
-        {"what": "Headline metrics (DVC)", "text": "per encoder Nuc Macro-F1 per protocol, CRA, CRT; CRoMa median, "
-         "F(0), LTM, RI; across experiments:", "command": "dvc metrics show; dvc exp show; dvc plots show"},
+        {"what": "Headline metrics (DVC)", "text": "the headline table's numbers under its names (Macro-F1 per protocol "
+         "and CRA in pp, CRT; CRoMa median, F(0), LTM10, RI, MaRI, nIPD); across experiments:",
+         "command": "dvc metrics show; dvc exp show --only-changed; dvc plots show"},
         {"what": "Every probe run", "text": "one row per run (model, magnification, readout, taxonomy, protocol, "
-         "unit, seed, scores):", "command": "reports/probe_runs.parquet"},
-        {"what": "MLflow", "text": "a parent run per stage execution, a child per condition with per-unit metrics, "
-         "the run rows and per-cell margins as artifacts:", "command": "make ui  # http://127.0.0.1:5000"},
+         "unit, seed, scores):", "command": "reports/probe/runs.parquet"},
+        {"what": "MLflow", "text": "a parent run per stage execution with its log, a child run per condition (model, "
+         "magnification, readout, taxonomy, protocol as params; scores in pp) to filter and compare models:",
+         "command": "make ui  # http://127.0.0.1:5000"},
         {"what": "Per-cell robustness", "text": "every scored cell's CRoMa margin:",
          "command": "reports/robustness/margins.parquet"},
     ]
     by_name = {name: table for name, (table, _) in built.items()}
+    ran = ", ".join(p.upper() for p in protocols) or "none"
+    for name, table in by_name.items():
+        if name.startswith(("cra_", "is_")) and "is" not in protocols:
+            table.empty_reason = f"IS was not run: protocols run {ran} (params: protocol)"
+        elif name.startswith("cross_domain") and not set(protocols) & set(CROSS_DOMAIN_PROTOCOLS):
+            table.empty_reason = f"no cross-domain protocol was run: protocols run {ran} (params: protocol)"
+        elif name == "landscape" and set(protocols) != set(PROTOCOLS):
+            table.empty_reason = f"CRA needs IS and CRT all three cross-domain protocols: protocols run {ran}"
     return {
         "meta": meta, "headline": by_name["headline"],
         "cra_tables": [by_name[f"cra_{m}"] for m in magnifications],

@@ -43,7 +43,7 @@ from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (features_dir, robustness_metrics_json, robustness_reports, section_index_csv,
-                                section_zarr)
+                                section_zarr, stage_log)
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.neighbours import RowSource, candidate_rows_for
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
@@ -51,7 +51,7 @@ from cellpath.robustness.shortcut import split_levels, sweep_tables
 from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, run_tasks, thread_settings
 from cellpath.runtime.shards import file_fingerprint, prune, read_context, shard_task, work_dir, write_context
-from cellpath.runtime.tracking import Tracker, flat_metrics
+from cellpath.runtime.tracking import Tracker
 from cellpath.vocabulary import headline_magnification
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,9 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                                         if not readout_available(spec, readout))
     context, tasks, shortcut_tasks = robustness_tasks(params, data_dir, panel, encoders, magnifications)
     rows, margin_frames, enrichment_frames, sensitivity_frames = [], [], [], []
-    with Tracker(params.mlflow, "robustness", root) as tracker:
+    with Tracker(params.mlflow, "robustness", root, stage_log(reports, "robustness")) as tracker:
         outcomes = run_tasks(tasks + shortcut_tasks, params.executor)
+        shortcut_curves, shortcut_summary = _shortcut(params, outcomes[len(tasks):])
         for outcome in outcomes[:len(tasks)]:  # in task order: the tables do not depend on the executor
             shard_rows = pd.read_parquet(outcome.output / "summary.parquet").to_dict("records")
             if not shard_rows:  # no scoring unit (organ scope without an organ of two sections)
@@ -108,21 +109,20 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
             sensitivity_frames.append(pd.read_parquet(outcome.output / "sensitivity.parquet"))
             offset = 0
             for row in shard_rows:
+                seconds = row.pop("seconds")
                 rows.append(row)
                 margins = margins_shard.iloc[offset:offset + row["n_samples"]].reset_index(drop=True)
                 offset += row["n_samples"]
                 margin_frames.append(margins)
                 condition = {key: row[key] for key in CONDITION_KEYS}
-                scores = {key: value for key, value in row.items()
-                          if key not in ("model", *CONDITION_KEYS, "confounder")}  # k_selected: a metric per model
-                tracker.log_child(" ".join([row["model"], *condition.values()]),
-                                  {"model": row["model"], **condition, "m": cfg.m, "k": row["k"], "group": cfg.group,
-                                   "confounder": cfg.confounder}, scores, {"margins.parquet": margins})
+                tracker.log_child(condition_name(row), {"model": row["model"], **condition, "m": cfg.m, "k": row["k"],
+                                                        "group": cfg.group, "confounder": cfg.confounder},
+                                  condition_metrics(row, shortcut_summary), {"margins.parquet": margins},
+                                  seconds=seconds)
                 log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f, RI %.3f, MaRI %.3f "
                          "(k=%d; %d of %d margins undefined)", row["model"], *condition.values(), row["croma_median"],
                          row["f0"], row["ltm"], row["ri"], row["mari"], row["k"], row["n_undefined"], row["n_samples"])
         summary = pd.DataFrame(rows)
-        shortcut_curves, shortcut_summary = _shortcut(params, outcomes[len(tasks):])
         metrics = robustness_metrics(summary, shortcut_summary, headline_magnification(magnifications))
         agreement = metric_agreement(summary, shortcut_summary)
         sensitivity = _sensitivity_table(sensitivity_frames)
@@ -131,12 +131,42 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                sensitivity, sensitivity_agreement(sensitivity, list(CONDITION_KEYS), cfg.m))
         tracker.finish({"panel": params.panel, "group": cfg.group, "confounder": cfg.confounder, "m": cfg.m,
                         "alpha": cfg.alpha, "k": cfg.k, "scopes": ",".join(cfg.scopes)},
-                       flat_metrics(metrics), [robustness_reports(reports) / "summary.csv"])
+                       {"conditions": float(len(summary)), "skipped_without_cls": float(skipped)},
+                       [robustness_reports(reports) / "summary.csv"])
     prune(context.parent, [context, *(task.output for task in tasks + shortcut_tasks)])
     log.info("robustness: %d scored conditions (%d model × readout pairs without a CLS token skipped) in %.1f s; "
              "MLflow %.1f s blocking, %.1f s in the logging thread", len(summary), skipped,
              time.perf_counter() - started, tracker.seconds, tracker.busy_seconds)
     return summary
+
+
+def condition_name(row: dict) -> str:
+    """The MLflow name of one scored condition: model, magnification, readout, taxonomy, then the
+    scope and unit where they say more than ``panel``."""
+    parts = [row["model"], row["magnification"], row["readout"], row["taxonomy"]]
+    return " ".join(parts + ([] if row["scope"] == row["unit"] == "panel" else [row["scope"], row["unit"]]))
+
+
+#: Summary columns that describe the condition or its settings (MLflow params), not a result.
+_SETTING_KEYS = ("model", *CONDITION_KEYS, "confounder", "m", "k", "alpha")
+
+
+def condition_metrics(row: dict, shortcut_summary: pd.DataFrame) -> dict[str, float]:
+    """A scored condition's MLflow metrics, as fractions like the report's robustness table: CRoMa
+    median, F(0), LTM, RI, MaRI with their anchor intervals (``<metric>_low`` / ``_high``, absent
+    when every cell was scored), the k-NN probes, counts and the model's own k*. On the condition the
+    shortcut probe was fitted on (same model, magnification, readout, taxonomy, confounder, panel
+    scope; as the report pairs them) also its nIPD with the bootstrap interval and APD per setting
+    (``nipd_held_out``, ``nipd_held_out_low``, ``apd_held_out``, …)."""
+    metrics = {key: float(value) for key, value in row.items()
+               if key not in _SETTING_KEYS and isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+    if row["scope"] == "panel" and len(shortcut_summary):
+        mine = shortcut_summary[np.logical_and.reduce([shortcut_summary[key] == row[key] for key in
+                                                       ("model", "magnification", "readout", "taxonomy", "confounder")])]
+        for entry in mine.itertuples():  # setting: in_domain or held_out
+            metrics |= {f"nipd_{entry.setting}": float(entry.nipd), f"nipd_{entry.setting}_low": float(entry.nipd_low),
+                        f"nipd_{entry.setting}_high": float(entry.nipd_high), f"apd_{entry.setting}": float(entry.apd)}
+    return {key: value for key, value in metrics.items() if np.isfinite(value)}
 
 
 def robustness_tasks(params: Params, data_dir: Path, panel: PanelCells, encoders: list[EncoderSpec],
@@ -218,10 +248,13 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                     biology, confounder,
                     {s.slug: groups[s.slug][unit_rows] for s in specs}, _anchors(biology, confounder, cfg))
                 scored = unit_rows if unit_data.anchors is None else np.asarray(unit_rows)[unit_data.anchors]
-                for spec, result, own_k in _score_models(specs, unit_data, cfg):
+                scored_models = _score_models(specs, unit_data, cfg)
+                log.info("robustness %s: %d model(s) scored on %d of %d cells in %.1f s", " ".join(condition.values()),
+                         len(scored_models), len(scored), len(unit_rows), sum(item[3] for item in scored_models))
+                for spec, result, own_k, seconds in scored_models:
                     rows.append({"model": spec.name, **condition, "confounder": cfg.confounder,
                                  "n_cells": len(unit_rows), **result.summary(), "k_selected": own_k,
-                                 **_intervals(result, unit_data, cfg)})
+                                 **_intervals(result, unit_data, cfg), "seconds": seconds})
                     margins = _margin_frame(cells.iloc[scored], result.margins, spec.name, condition, taxonomy)
                     margin_frames.append(margins)
                     enrichment = low_margin_enrichment(result.margins, margins,
@@ -296,20 +329,26 @@ def _intervals(result, unit: _UnitData, cfg: RobustnessConfig) -> dict[str, floa
 
 
 def _score_models(specs: list[EncoderSpec], unit: _UnitData, cfg: RobustnessConfig) -> list[tuple]:
-    """Score each model of one condition: (spec, result, the model's own k*). RI/MaRI are at the
-    shared k (the lower median of the models' k*) unless ``robustness.k`` is set; k* is each
-    model's own maximiser of its biological k-NN accuracy, whatever k the scores use."""
+    """Score each model of one condition: (spec, result, the model's own k*, seconds spent scoring
+    it). RI/MaRI are at the shared k (the lower median of the models' k*) unless ``robustness.k``
+    is set; k* is each model's own maximiser of its biological k-NN accuracy, whatever k the scores use."""
     from cellpath.robustness import score_embeddings, shared_k
 
+    seconds = {spec.slug: 0.0 for spec in specs}
+
     def score(spec, k):
+        started = time.perf_counter()
         rows = unit.features[spec.slug]
-        return score_embeddings(rows, unit.biology, unit.confounder, unit.groups[spec.slug], m=cfg.m, k=k,
-                                alpha=cfg.alpha, anchors=unit.anchors, candidate_rows=_candidate_rows(rows, cfg))
+        result = score_embeddings(rows, unit.biology, unit.confounder, unit.groups[spec.slug], m=cfg.m, k=k,
+                                  alpha=cfg.alpha, anchors=unit.anchors, candidate_rows=_candidate_rows(rows, cfg))
+        seconds[spec.slug] += time.perf_counter() - started
+        return result
 
     first = [(spec, score(spec, None)) for spec in specs]  # k=None: each model at its own k*
     own = {spec.slug: int(result.k) for spec, result in first}
     k = cfg.k if cfg.k is not None else int(shared_k(list(own.values())))
-    return [(spec, result if result.k == k else score(spec, k), own[spec.slug]) for spec, result in first]
+    scored = [(spec, result if result.k == k else score(spec, k), own[spec.slug]) for spec, result in first]
+    return [(spec, result, own_k, seconds[spec.slug]) for spec, result, own_k in scored]
 
 
 def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: RobustnessConfig) -> list[pd.DataFrame]:
@@ -380,17 +419,25 @@ def shortcut_shard(out: Path, context: Path, data_dir: Path, spec: EncoderSpec, 
     pd.DataFrame(summaries).to_parquet(out / "summary.parquet", index=False)
 
 
+#: ``robustness_metrics.json`` keys: the report's names for the summary columns.
+METRIC_LABELS = {"croma_median": "CRoMa median", "f0": "F(0)", "ltm": "LTM10", "ri": "RI", "mari": "MaRI",
+                 "bio_bacc": "k-NN BAcc biology", "conf_bacc": "k-NN BAcc confounder"}
+
+
 def robustness_metrics(summary: pd.DataFrame, shortcut: pd.DataFrame, magnification: str) -> dict:
-    """Per model: panel-scope Tfine Nuc summaries at the headline magnification, and nIPD."""
+    """``robustness_metrics.json`` for ``dvc metrics show``: per model, panel-scope Tfine Nuc
+    summaries at the headline magnification and the shortcut probe's nIPD, under the report's names
+    (``CRoMa median``, ``F(0)``, ``LTM10``, ``RI``, ``MaRI``, ``nIPD held out``, …), as fractions
+    like the report's robustness table, 4 decimals."""
     chosen = summary[(summary["scope"] == "panel") & (summary["magnification"] == magnification)
                      & (summary["readout"] == "Nuc") & (summary["taxonomy"] == "fine")]
     metrics: dict = {"magnification": magnification}
     for row in chosen.itertuples():
-        metrics[row.model] = {key: round(float(getattr(row, key)), 4) for key in SUMMARY_KEYS
+        metrics[row.model] = {METRIC_LABELS[key]: round(float(getattr(row, key)), 4) for key in SUMMARY_KEYS
                               if np.isfinite(getattr(row, key))}
     for row in shortcut.itertuples() if len(shortcut) else []:
         if np.isfinite(row.nipd):
-            metrics.setdefault(row.model, {})[f"nipd_{row.setting}"] = round(float(row.nipd), 4)
+            metrics.setdefault(row.model, {})[f"nIPD {row.setting.replace('_', ' ')}"] = round(float(row.nipd), 4)
     return metrics
 
 

@@ -99,4 +99,4 @@ def test_every_layout_path_lies_in_its_folder(tmp_path):
         assert folder in path.parents, name
     assert layout.section_labels(data, "sec_1") == data / "labels" / "sec_1.parquet"
     assert layout.section_index_csv(data) == data / "sections" / "sections.csv"
-    assert layout.probe_runs_parquet(reports) == reports / "probe_runs.parquet"
+    assert layout.probe_runs_parquet(reports) == reports / "probe" / "runs.parquet"

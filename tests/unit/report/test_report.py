@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from cellpath.report.thumbnails import crop_bounds, section_thumbnail
 from cellpath.stages.probe import headline_metrics, run_counts, summarise, write_outputs
 from cellpath.stages.report import load_inputs
 from cellpath.stages.report import run as run_report_stage
-from helpers.project import HANG_GUARD_S, PROJECT_ROOT
+from helpers.browser import CHROMIUM, dump_dom, screenshot
+from helpers.project import PROJECT_ROOT
 
 MODELS = {"filterbank-dense": 0.5, "random-vit-t16": 0.4, "random-vit-s16": 0.3}  # base Macro-F1
 SECTIONS = {"s1": ("O1", 0.00), "s2": ("O1", 0.04), "s3": ("O2", 0.02), "s4": ("O2", 0.06),
@@ -122,7 +122,7 @@ def constructed(tmp_path_factory):
     runs = constructed_runs()
     summaries = summarise(runs, ["20x"], NESTED)
     counts = run_counts(runs, {p: 0 for p in ("is", "iocd", "mocv", "looo")})
-    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, counts, ["20x"]))
+    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, ["20x"]))
     _robustness_outputs(root / "reports" / "robustness")
     _data_outputs(root / "data")
     return {"root": root, "params": params, "runs": runs}
@@ -286,21 +286,11 @@ def test_thumbnail_crop_is_inside_the_slide_and_points_fall_in_it(tiny_panel):
     assert thumb.points["x_px"].between(0, 60).all() and thumb.points["y_px"].between(0, 60).all()
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_page_renders_in_headless_chromium(page, tmp_path):
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page["path"].as_uri()], capture_output=True, text=True,
-                         timeout=HANG_GUARD_S)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'id="headline"' in dom.stdout and "62.67 ± 1.15" in dom.stdout
-    shot = tmp_path / "page.png"
-    subprocess.run([CHROMIUM, *flags, "--window-size=1200,2000", f"--screenshot={shot}", page["path"].as_uri()],
-                   capture_output=True, timeout=HANG_GUARD_S, check=True)
+    dom = dump_dom(page["path"].as_uri(), tmp_path / "profile")
+    assert 'id="headline"' in dom and "62.67 ± 1.15" in dom
+    shot = screenshot(page["path"].as_uri(), tmp_path / "profile", tmp_path / "page.png", (1200, 2000))
     from PIL import Image
 
     pixels = np.asarray(Image.open(shot).convert("L"))
@@ -314,7 +304,7 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
     summaries = summarise(runs, ["20x"], NESTED)
     counts = run_counts(runs, {"mocv": 0})
     root = tmp_path
-    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, counts, ["20x"]))
+    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, ["20x"]))
     shutil.copytree(constructed["root"] / "reports" / "robustness", root / "reports" / "robustness")
     for name in ("shortcut", "shortcut_summary"):
         header = (root / "reports" / "robustness" / f"{name}.csv").read_text().splitlines()[0]
@@ -326,6 +316,9 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
     assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
     assert _cell(parser.tables, "headline", "filterbank-dense", "IS") == "–"
     assert "panel robustness: no data in this run" in page and "shortcut probe: no data in this run" in page
+    # the header says what was run; the IS tables say why they are empty instead of showing bare headers
+    assert "Protocols run: <b>MOCV</b>" in page
+    assert 'id="cra_20x-empty"' in page and "IS was not run: protocols run MOCV" in page
 
 
 def test_nipd_joins_only_the_robustness_rows_of_its_own_condition():

@@ -160,6 +160,21 @@ def test_dask_reruns_the_task_of_a_killed_worker(tiny_features, data_dir, in_pro
     _assert_same(in_process, result)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_finished_task_is_logged_as_it_finishes_with_what_is_left(tmp_path, caplog, workers):
+    """One line per task as it finishes (counted in finishing order, whichever task that is)."""
+    tasks = [Task(f"t{i}", write_value, (str(i), delay), tmp_path / f"t{i}.json")
+             for i, delay in enumerate([0.6, 0.0, 0.0])]
+    executor = parse_params({"synthetic": {"sections": TINY_SECTIONS}, "executor": {"workers": workers}}).executor
+    with caplog.at_level("INFO", logger="cellpath.runtime.executor"):
+        run_tasks(tasks, executor)
+    lines = [r.getMessage() for r in caplog.records if " finished in " in r.getMessage()]
+    assert [line.split(" finished")[0] for line in lines] == ["task 1/3", "task 2/3", "task 3/3"]
+    assert all("elapsed, about" in line and line.endswith("s left") for line in lines)
+    assert lines[-1].endswith("about 0 s left")
+    assert sorted(line.split(": ")[1].split(";")[0] for line in lines) == ["t0", "t1", "t2"]
+
+
 def test_a_dead_local_worker_names_its_task_and_a_rerun_resumes(tmp_path):
     tasks = [Task("dies", die_once, (tmp_path / "killed-once",), tmp_path / "dies.txt"),
              Task("lives", write_value, ("x", 0.0), tmp_path / "lives.json")]

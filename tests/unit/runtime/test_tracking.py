@@ -50,3 +50,24 @@ def test_a_new_experiment_opens_on_the_runs_table_in_the_ui(tmp_path):
     tracker.finish({}, {})
     experiment = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store.db'}").get_experiment_by_name("kind-test")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_stage_log_is_attached_to_the_parent_even_when_the_stage_fails(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from cellpath.config import MlflowConfig
+    from cellpath.runtime.tracking import Tracker
+
+    log_file = tmp_path / "logs" / "probe.log"
+    log_file.parent.mkdir()
+    log_file.write_text("probe: task 1/2 finished\n")
+    cfg = MlflowConfig(tracking_uri="sqlite:///store.db", artifact_location="artifacts", experiment="logs")
+    try:
+        with Tracker(cfg, "probe", tmp_path, log_file):
+            raise RuntimeError("the stage broke")
+    except RuntimeError:
+        pass
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("logs").experiment_id])
+    assert run.info.status == "FAILED"
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["probe.log"]
