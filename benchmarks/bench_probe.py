@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 import warnings
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from cellpath.config import load_params, parse_params
 from cellpath.features.encoders.registry import selected_encoders
@@ -54,16 +53,11 @@ from cellpath.runtime.tracking import Tracker
 from cellpath.stages.probe import plan_magnification
 from cellpath.stages.probe import run as run_probe_stage
 
+from blas_conditions import blas_report, restart_without_slow_blas
+
 ROOT = Path(__file__).resolve().parents[1]
-SLOW_BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 REFERENCE = {"tol": 1e-8, "max_iter": 10000}
 F1_POINTS, FIT_SHARE, SELECTION_SHARE, SPEEDUP_GOAL, FLOOR_RATIO = 0.1, 0.99, 0.95, 20.0, 2.0
-
-
-def blas() -> list[dict]:
-    """The BLAS / OpenMP libraries loaded in this process (threadpoolctl), with their thread counts."""
-    keys = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
-    return [{k: lib.get(k) for k in keys} for lib in threadpool_info()]
 
 
 def sklearn_fits(x, y, task: ProbeTask, c_grid, tol: float, max_iter: int) -> tuple[list[float], list[float], int]:
@@ -221,11 +215,7 @@ def main() -> None:
     parser.add_argument("--max-runs", type=int, default=None, help="first N runs per taxonomy only (a smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "probe.json"))
     args = parser.parse_args()
-    removed = {name: os.environ[name] for name in SLOW_BLAS_VARIABLES if name in os.environ}
-    if removed:  # the same fast BLAS for every side: restart without the variables that slow numpy's
-        env = {k: v for k, v in os.environ.items() if k not in SLOW_BLAS_VARIABLES}
-        env["CELLPATH_BENCH_REMOVED_BLAS_VARIABLES"] = json.dumps(removed)
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    removed = restart_without_slow_blas()  # the same fast BLAS for every side
     os.chdir(ROOT)
     params = load_params("params.yaml")
     cfg = params.probe
@@ -261,9 +251,8 @@ def main() -> None:
     result["floor"] = floor(x, y, len(names), largest, c_grid, tol, max_iter)
     print(json.dumps(result["floor"], indent=2), flush=True)
     result["mlflow"] = mlflow_share(params, args.magnification, args.repeats)
-    result["blas"] = {"numpy_scipy_sklearn": blas(), "torch": torch.__config__.parallel_info().splitlines()[:6],
-                      "removed_environment_variables": json.loads(
-                          os.environ.get("CELLPATH_BENCH_REMOVED_BLAS_VARIABLES", "{}"))}
+    result["blas"] = {"numpy_scipy_sklearn": blas_report(), "torch": torch.__config__.parallel_info().splitlines()[:6],
+                      "removed_environment_variables": removed}
     result["machine"] = {"cpus": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
                          "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                          "torch": torch.__version__}
