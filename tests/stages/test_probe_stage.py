@@ -100,8 +100,9 @@ def test_every_run_is_retrievable_from_mlflow(all_protocols):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlflow.db")
     experiment = client.get_experiment_by_name("test")
     found = client.search_runs([experiment.experiment_id], max_results=1000)
-    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
-    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    parents = [r for r in found if r.data.tags["cellpath.kind"] == "stage"]
+    children = [r for r in found if r.data.tags.get("cellpath.stage_run") == parents[0].info.run_id]
+    assert not any("mlflow.parentRunId" in r.data.tags for r in found)  # flat: the runs table lists every condition
     assert len(parents) == 1 and len(children) == 3 * 2 * 4  # readouts × taxonomies × protocols
     parent = parents[0]
     assert parent.data.tags["dvc.experiment"] == "workspace"

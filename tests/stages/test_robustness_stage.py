@@ -96,7 +96,7 @@ def test_conditions_are_logged_to_mlflow_with_margins(stage):
     client = MlflowClient(tracking_uri=f"sqlite:///{stage['tmp']}/mlflow.db")
     experiment = client.get_experiment_by_name("rob")
     runs = client.search_runs([experiment.experiment_id])
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    children = [r for r in runs if r.data.tags["cellpath.kind"] == "condition"]
     assert len(children) == len(stage["summary"])
     artifacts = [a.path for a in client.list_artifacts(children[0].info.run_id)]
     assert artifacts == ["margins.parquet"]

@@ -1,5 +1,6 @@
-"""MLflow tracking of a pipeline run, organised for comparing models: one parent run per stage
-execution, one child run per comparable condition.
+"""MLflow tracking of a pipeline run, organised for comparing models: one run per stage execution,
+and beside it one run per comparable condition (tagged ``cellpath.stage_run`` with the stage run's
+id, not nested under it: the UI collapses nested runs under their parent).
 
 A condition is what two models are compared on: for the probe stage (model, magnification,
 readout, taxonomy, protocol), for robustness (model, magnification, readout, taxonomy, scope,
@@ -191,7 +192,9 @@ class Tracker:
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
         started = time.perf_counter()
-        tags = self._tags | {"mlflow.parentRunId": self.parent_run_id, "cellpath.kind": "condition",
+        # not MLflow's parentRunId: nested runs are collapsed under their parent in the runs table, and a
+        # condition run should sit beside the other models' runs of the same condition
+        tags = self._tags | {"cellpath.stage_run": self.parent_run_id, "cellpath.kind": "condition",
                              "cellpath.condition": name}
         json_tables = [file for file in tables if file.endswith(".json")]
         if json_tables:  # what MLflow's log_table records, so the UI lists them as tables

@@ -36,7 +36,7 @@ from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, run_tasks, thread_settings
 from cellpath.runtime.shards import file_fingerprint, prune, read_context, shard_task, work_dir, write_context
 from cellpath.runtime.tracking import Tracker, flat_metrics, metric_key
-from cellpath.vocabulary import PROTOCOL_LABELS, PROTOCOLS, headline_magnification
+from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS, PROTOCOL_LABELS, PROTOCOLS, headline_magnification
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ def comparison_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame],
             out[name] |= {"cra_macro_f1": PERCENT * float(row.cra), "cra_wins": float(row.wins)}
     headline = headline_magnification(magnifications)
     for row in summaries["crt"].itertuples():
-        for protocol in ("iocd", "mocv", "looo"):
+        for protocol in CROSS_DOMAIN_PROTOCOLS:
             name = f"{row.model} {protocol} {headline} Nuc fine"
             if name in out and np.isfinite(row.crt):
                 out[name]["crt"] = float(row.crt)
