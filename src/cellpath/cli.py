@@ -139,6 +139,14 @@ def _plan(args: argparse.Namespace) -> None:
     print(json.dumps(plan, indent=2) if args.json else render(plan))
 
 
+def _export(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages.export import run
+
+    run(load_params(args.params), Path(args.data_dir), sections=args.sections, encoders=args.encoder,
+        magnifications=args.magnification, he_downsample=args.he_downsample, images=not args.no_images)
+
+
 def _encoders(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
     from cellpath.stages.encoders import run_check, run_list
@@ -165,6 +173,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "validate": (_validate, "check params.yaml and what it points to (encoders, weights, references, CellViT++ "
                             "outputs, URLs, panel sizes); list every problem at once"),
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
+    "export": (_export, "write data/exports/ for scverse tools: per section a SpatialData (H&E aligned to µm, nucleus "
+                        "boundaries, labels) for napari-spatialdata, per encoder the features as AnnData"),
     "encoders": (_encoders, "list the registry's encoders and their weights, or check one: build it, load its weights "
                             "strictly, run a synthetic tile"),
 }
@@ -195,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("name", nargs="?", help="check: the registry slug or name")
             stage.add_argument("--weights", help="check: a checkpoint file, or a folder holding one, to use instead "
                                                  "of models/<slug>/ and the Hugging Face cache")
+        if name == "export":
+            stage.add_argument("--sections", nargs="+", metavar="SECTION", help="section ids (default: every "
+                                                                               "ingested section)")
+            stage.add_argument("--encoder", action="append", help="registry slug or name, repeatable (default: "
+                                                                  "every extract.encoders entry)")
+            stage.add_argument("--magnification", action="append", help="40x, 20x or 10x, repeatable (default: "
+                                                                        "every extract.magnifications entry)")
+            stage.add_argument("--he-downsample", type=int, default=1, metavar="N",
+                               help="copy the H&E coarsened N× (block mean) to save disk (default: full resolution)")
+            stage.add_argument("--no-images", action="store_true", help="write only the embedding AnnData")
         if name == "plan":
             stage.add_argument("--preset", choices=["current", "paper"], default="current",
                                help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds")

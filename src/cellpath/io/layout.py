@@ -80,6 +80,23 @@ def panels_csv(data_dir: Path) -> Path:
     return Path(data_dir) / "panels.csv"
 
 
+def exports_dir(data_dir: Path) -> Path:
+    """What ``cellpath export`` writes for scverse tools: ``data/exports/`` (no DVC output, git-ignored)."""
+    return Path(data_dir) / "exports"
+
+
+def export_section_zarr(data_dir: Path, section_id: str) -> Path:
+    """One section for napari-spatialdata (H&E, nucleus boundaries, labelled table):
+    ``data/exports/sections/<section_id>.zarr``."""
+    return exports_dir(data_dir) / "sections" / f"{section_id}.zarr"
+
+
+def export_embeddings_h5ad(data_dir: Path, encoder: str, magnification: str, section_id: str) -> Path:
+    """One section's features of one encoder as AnnData (obsm, keyed by cell_id):
+    ``data/exports/embeddings/<encoder slug>/<magnification>/<section_id>.h5ad``."""
+    return exports_dir(data_dir) / "embeddings" / encoder / magnification / f"{section_id}.h5ad"
+
+
 def work_root(data_dir: Path) -> Path:
     """Task outputs (shards) kept between runs: ``data/.work/<stage>/`` (no DVC output, git-ignored)."""
     return Path(data_dir) / ".work"
