@@ -88,6 +88,8 @@ class SyntheticConfig(_Strict):
     registration_jitter_um: JitterRange = (1.0, 3.0)
     morphology_strength: UnitRange = (0.75, 1.0)
     stain_variation: Annotated[float, Field(ge=0.0, le=3.0)] = 1.0
+    #: the sections to simulate: a list, or in params.yaml the path of a YAML file holding that list
+    #: (relative to the working directory, like every path in params; read by :func:`params_problems`)
     sections: Annotated[list[SimulatedSection], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -423,16 +425,48 @@ def _remove(data: dict, path: tuple[str | int, ...]) -> None:
         container.pop(path[-1], None)
 
 
+SECTION_FILE_KEY = ("synthetic", "sections")
+
+
+def _read_section_file(data: dict, source: str) -> tuple[Path | None, Problem | None]:
+    """Replace a ``synthetic.sections`` path in ``data`` by the YAML list the file holds; return the
+    file (None when the sections are listed inline) and the problem reading it, if any. A relative
+    path is taken from the working directory (the project root), like every path in params."""
+    synthetic = data.get("synthetic")
+    if not isinstance(synthetic, dict) or not isinstance(synthetic.get("sections"), str):
+        return None, None
+    path = Path(synthetic["sections"])
+    where = f"{source}: key `synthetic.sections`"
+    if not path.is_file():
+        return path, Problem(where, f"section file {path} not found (paths in params are relative to the project "
+                                    "root: run from there); write the list there or inline it")
+    try:
+        listed = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        return path, Problem(where, f"{path} is not readable YAML: {' '.join(str(exc).split())}")
+    if not isinstance(listed, list):
+        return path, Problem(where, f"{path} must hold a YAML list of sections ({{section_id, organ, status, "
+                                    f"...}} each), found {type(listed).__name__}")
+    synthetic["sections"] = listed
+    return path, None
+
+
 def params_problems(data: object, source: str = "params.yaml") -> tuple[Params | None, list[Problem]]:
     """Every schema problem of a parsed params mapping, and the Params the rest of it makes.
 
     Pydantic reports every field error of one pass, but a model's own checks run only once its
     fields are valid. So each pass's faulty fields are removed (their defaults apply) and the rest
     is validated again, until it validates (returned, for the checks that need Params) or a faulty
-    field has no default (None). A field missing only because a pass removed it is not reported."""
+    field has no default (None). A field missing only because a pass removed it is not reported.
+    A ``synthetic.sections`` path is read first; problems inside that file name it."""
     if not isinstance(data, dict):
         return None, [Problem(source, f"expected a mapping at the top level, got {type(data).__name__}")]
     remaining, problems, removed = copy.deepcopy(data), [], []
+    section_file, problem = _read_section_file(remaining, source)
+    if problem is not None:
+        problems.append(problem)
+        _remove(remaining, SECTION_FILE_KEY)
+        removed.append(SECTION_FILE_KEY)
     while True:
         try:
             return Params.model_validate(remaining), problems
@@ -443,7 +477,8 @@ def params_problems(data: object, source: str = "params.yaml") -> tuple[Params |
                 if err["type"] == "missing" and any(path[:len(r)] == r for r in removed):
                     repairable = False  # required, and removed by an earlier pass: already reported
                     continue
-                problems.append(_problem(err, source))
+                in_file = section_file is not None and tuple(err["loc"][:2]) == SECTION_FILE_KEY
+                problems.append(_problem(err, f"{source} → {section_file}" if in_file else source))
                 if not path or err["type"] == "missing":
                     repairable = False
                     continue

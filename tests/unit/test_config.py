@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -10,7 +12,8 @@ def _base() -> dict:
     return {"synthetic": {"sections": [dict(s) for s in TINY_SECTIONS]}}
 
 
-def test_project_params_are_valid_and_cover_the_protocols():
+def test_project_params_are_valid_and_cover_the_protocols(monkeypatch):
+    monkeypatch.chdir(PROJECT_ROOT)
     params = load_params(PROJECT_ROOT / "params.yaml")
     sections = params.synthetic.sections
     organs = [s.organ for s in sections]
@@ -21,6 +24,53 @@ def test_project_params_are_valid_and_cover_the_protocols():
     # IOCD needs organs with >= 2 sections; LOOO needs >= 5 organs; MOCV 5 folds needs >= 5 units.
     assert sum(1 for n in per_organ.values() if n >= 2) >= 4
     assert max(per_organ.values()) <= 3
+
+
+def test_the_section_list_lives_in_its_own_file(monkeypatch):
+    monkeypatch.chdir(PROJECT_ROOT)
+    data = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    assert data["synthetic"]["sections"] == "data/manifests/synthetic_sections.yaml"
+    listed = yaml.safe_load((PROJECT_ROOT / data["synthetic"]["sections"]).read_text())
+    params = load_params(PROJECT_ROOT / "params.yaml")
+    assert [s.model_dump(exclude_unset=True) for s in params.synthetic.sections] == listed
+
+
+def _with_section_file(tmp_path, monkeypatch, sections) -> Path:
+    """A params.yaml in ``tmp_path`` (the working directory) whose sections are in sections.yaml."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sections.yaml").write_text(yaml.safe_dump(sections) if not isinstance(sections, str) else sections)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"synthetic": {"sections": "sections.yaml"}}))
+    return params
+
+
+def test_a_section_file_is_read(tmp_path, monkeypatch):
+    params = load_params(_with_section_file(tmp_path, monkeypatch, [dict(s) for s in TINY_SECTIONS]))
+    assert [s.section_id for s in params.synthetic.sections] == [s["section_id"] for s in TINY_SECTIONS]
+
+
+def test_problems_in_the_section_file_name_the_file(tmp_path, monkeypatch):
+    sections = [dict(s) for s in TINY_SECTIONS]
+    sections[1]["organ"] = "Spleen"
+    with pytest.raises(ConfigError) as err:
+        load_params(_with_section_file(tmp_path, monkeypatch, sections))
+    msg = str(err.value)
+    assert "sections.yaml" in msg and "synthetic.sections[1].organ" in msg and "Spleen" in msg
+    assert "Field required" not in msg
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "section file .*sections.yaml not found"),
+    ("section_id: a\n", "must hold a YAML list of sections"),
+    ("- {section_id: a, organ: [\n", "not readable YAML"),
+])
+def test_an_unreadable_section_file_is_one_clear_problem(tmp_path, monkeypatch, content, expected):
+    params = _with_section_file(tmp_path, monkeypatch, content if content is not None else "[]")
+    if content is None:
+        (tmp_path / "sections.yaml").unlink()
+    with pytest.raises(ConfigError, match=expected) as err:
+        load_params(params)
+    assert len(str(err.value).splitlines()) == 1, str(err.value)
 
 
 def test_unknown_key_names_the_key_and_allowed_keys():

@@ -208,6 +208,7 @@ def test_schema_problems_of_several_passes_are_all_listed():
     data = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
     data["probe"]["seeds"]["is"] = 0                  # field error
     data["executor"]["cluster"] = "slurm"             # the executor model's own check
+    data["synthetic"]["sections"] = yaml.safe_load((PROJECT_ROOT / data["synthetic"]["sections"]).read_text())
     data["synthetic"]["sections"][0]["organ"] = "Brain"  # a required field: no repair past it
     params, problems = params_problems(data)
     assert params is None
