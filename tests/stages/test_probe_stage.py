@@ -177,7 +177,10 @@ def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_pat
     for metric in ("val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc"):
         assert (fitted[metric] - fitted[f"{metric}_full"]).abs().max() <= 1e-6, metric
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
-    assert set(metrics["filterbank-dense"]) == {"MOCV"}  # no CRA (needs IS) or CRT (needs all three)
+    # no CRA (needs IS) or CRT (needs all three); MOCV's mean with its 95% interval, in pp
+    assert set(metrics["filterbank-dense"]) == {"MOCV", "MOCV_ci95"}
+    low, high = metrics["filterbank-dense"]["MOCV_ci95"]
+    assert low <= metrics["filterbank-dense"]["MOCV"] <= high
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -12,6 +12,10 @@ CRA (Eq. 4): per IS section, taxonomy and seed the paired difference Nuc − Mea
 seeds; the differences of both taxonomies are pooled within organ, then organs are averaged (SD
 across organ values). ``cell_representation_advantage`` gives the same per taxonomy.
 
+Intervals: every balanced mean (``protocol_summary``) and the pooled CRA carry a 95% percentile
+bootstrap interval (``low``, ``high``) over the balanced units and, within each drawn unit, its
+seeds (``hierarchical_bootstrap``; 2,000 replicates, seeded by the condition). Beyond the paper.
+
 Significant wins (Supplementary C): per evaluation condition, a two-sided paired Wilcoxon
 signed-rank test between two models "on their paired per-unit values over the common fold × seed
 units" — every (unit, seed) pair is one paired observation, seeds are not averaged first (with five
@@ -20,11 +24,14 @@ ever win). A win when p < 0.05 and the median paired difference favours the mode
 the same test on the paired Nuc − Mean differences "over their common section × fold units"
 (fold = seed in IS), per taxonomy; the pooled CRA of Table 4 pairs (section, taxonomy, seed)
 units. CRT: the mean of a model's IOCD, MOCV and LOOO win counts (Tfine, Nuc, 20× by default).
+Beside each win count, ``wins_holm`` counts the wins left after Holm's correction over the model's
+opponents (beyond the paper, which reports uncorrected counts).
 docs/decisions/0016-significance-tests.md quotes each legend.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 
 import numpy as np
@@ -34,6 +41,67 @@ from scipy import stats as scipy_stats
 from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS
 
 CONDITION = ["model", "magnification", "readout", "taxonomy", "protocol"]
+
+
+# --------------------------------------------------------------------------- intervals
+BOOTSTRAP_RESAMPLES = 2000
+INTERVAL_LEVEL = 0.95
+
+
+def condition_rng(*key: object) -> np.random.Generator:
+    """A generator seeded by the condition itself (e.g. model, magnification, readout, …): an interval
+    does not depend on which other conditions were computed alongside or in what order."""
+    digest = hashlib.sha256("\x1f".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def hierarchical_bootstrap(values: pd.DataFrame, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates of a balanced mean. ``values`` has columns ``balanced_unit, unit, value``,
+    one row per (unit, seed): the estimate averages seeds within each unit, units within each balanced
+    unit (organ or fold) and then balanced units. Each replicate draws the balanced units with
+    replacement and, independently for every draw, the seeds of each of its units with replacement."""
+    groups = [[unit["value"].to_numpy(float) for _, unit in balanced.groupby("unit", sort=True)]
+              for _, balanced in values.groupby("balanced_unit", sort=True)]
+    n = len(groups)
+    picks = rng.integers(0, n, size=(n_resamples, n))
+    draws = np.empty((n_resamples, n))
+    for index, units in enumerate(groups):
+        chosen = picks == index
+        k = int(chosen.sum())
+        if k:
+            unit_means = [seeds[rng.integers(0, len(seeds), size=(k, len(seeds)))].mean(axis=1) for seeds in units]
+            draws[chosen] = np.mean(unit_means, axis=0)
+    return draws.mean(axis=1)
+
+
+def percentile_interval(replicates: np.ndarray, level: float = INTERVAL_LEVEL) -> tuple[float, float]:
+    """The equal-tailed percentile interval of bootstrap replicates."""
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(replicates, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _interval_columns(values: pd.DataFrame, keys: list[str], n_resamples: int) -> pd.DataFrame:
+    """``low`` / ``high`` per group of ``keys`` from :func:`hierarchical_bootstrap` of its rows."""
+    rows = []
+    for key, group in values.groupby(keys, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        low, high = percentile_interval(hierarchical_bootstrap(group, n_resamples, condition_rng(*key)))
+        rows.append(dict(zip(keys, key)) | {"low": low, "high": high})
+    return pd.DataFrame(rows, columns=[*keys, "low", "high"])
+
+
+def holm_adjusted(p_values: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (statsmodels' ``multipletests``, method "holm"); NaN (no
+    test) stays NaN and does not count towards the number of tests."""
+    from statsmodels.stats.multitest import multipletests
+
+    p_values = np.asarray(p_values, dtype=float)
+    adjusted = np.full(p_values.shape, np.nan)
+    tested = np.isfinite(p_values)
+    if tested.any():
+        adjusted[tested] = multipletests(p_values[tested], method="holm")[1]
+    return adjusted
 
 
 def paired_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -62,11 +130,19 @@ def organ_level_scores(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     return pd.concat([by_organ[columns], by_fold[columns]], ignore_index=True)
 
 
-def protocol_summary(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean and SD across balanced units per evaluation condition (SD with ddof=1; NaN for one unit)."""
+def protocol_summary(runs: pd.DataFrame, metric: str, n_resamples: int = BOOTSTRAP_RESAMPLES) -> pd.DataFrame:
+    """Mean and SD across balanced units per evaluation condition (SD with ddof=1; NaN for one unit),
+    and the 95% bootstrap interval of the mean (``low``, ``high``; :func:`hierarchical_bootstrap` over
+    the balanced units and the seeds within them)."""
     balanced = organ_level_scores(runs, metric)
-    return (balanced.groupby(CONDITION, sort=True)["score"]
-            .agg(mean="mean", sd=lambda s: s.std(ddof=1), n_units="size").reset_index())
+    table = (balanced.groupby(CONDITION, sort=True)["score"]
+             .agg(mean="mean", sd=lambda s: s.std(ddof=1), n_units="size").reset_index())
+    valid = runs.dropna(subset=[metric])
+    per_seed = valid[CONDITION].assign(
+        balanced_unit=np.where(valid["protocol"] == "mocv", valid["unit"].astype(str), valid["organ"].astype(str)),
+        unit=valid["unit"].astype(str).to_numpy(), value=valid[metric].to_numpy(float), metric=metric)
+    intervals = _interval_columns(per_seed, [*CONDITION, "metric"], n_resamples).drop(columns="metric")
+    return table.merge(intervals, on=CONDITION, how="left")
 
 
 def cra_differences(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -104,7 +180,7 @@ def pooled_cell_representation_advantage(runs: pd.DataFrame, metric: str, magnif
     organs and its significant wins (Wilcoxon over common (section, taxonomy, seed) differences)."""
     diffs = cra_differences(runs, metric)
     diffs = diffs[diffs["magnification"] == magnification]
-    columns = ["model", "magnification", "cra", "sd", "n_organs", "wins"]
+    columns = ["model", "magnification", "cra", "sd", "n_organs", "low", "high", "wins", "wins_holm"]
     if diffs.empty:
         return pd.DataFrame(columns=columns)
     per_section = diffs.groupby(["model", "organ", "unit", "taxonomy"], sort=True)["diff"].mean()
@@ -112,9 +188,15 @@ def pooled_cell_representation_advantage(runs: pd.DataFrame, metric: str, magnif
     table = per_organ.groupby("model").agg(cra="mean", sd=lambda s: s.std(ddof=1), n_organs="size")
     pairs = diffs["unit"].astype(str) + "|" + diffs["taxonomy"] + "|seed" + diffs["seed"].astype(str)
     scores = diffs.assign(unit=pairs, score=diffs["diff"])
-    wins = pairwise_wins(scores[["model", "unit", "score"]], alpha).groupby("model")["win"].sum()
-    table = table.assign(wins=wins.reindex(table.index, fill_value=0).astype(int), magnification=magnification)
-    return table.reset_index()[columns]
+    tested = pairwise_wins(scores[["model", "unit", "score"]], alpha).groupby("model")
+    wins, holm = tested["win"].sum(), tested["win_holm"].sum()
+    table = table.assign(wins=wins.reindex(table.index, fill_value=0).astype(int),
+                         wins_holm=holm.reindex(table.index, fill_value=0).astype(int), magnification=magnification)
+    per_seed = diffs.assign(balanced_unit=diffs["organ"].astype(str),
+                            unit=diffs["unit"].astype(str) + "|" + diffs["taxonomy"], value=diffs["diff"])
+    intervals = _interval_columns(per_seed.assign(cra=f"cra|{metric}|{magnification}"), ["model", "cra"],
+                                  BOOTSTRAP_RESAMPLES).drop(columns="cra").set_index("model")
+    return table.join(intervals).reset_index()[columns]
 
 
 def is_section_summary(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -163,9 +245,11 @@ def pairwise_wins(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """Significant wins among models for one condition: ``scores`` has columns model, unit, score.
 
     Returns one row per ordered pair (model, opponent) with the p-value, the median paired
-    difference and ``win``. Differences within ``ROUNDING_TIE`` of zero are ties and, as exact
-    zeros, are dropped by the test (scipy's ``zero_method="wilcox"``); pairs with fewer than two
-    units, or only ties, record no win.
+    difference and ``win`` (the paper's, uncorrected), and ``p_holm`` / ``win_holm``: the p-value
+    Holm-adjusted over the model's opponents (a family of up to 29 tests per model), a win at
+    ``p_holm < alpha``. Differences within ``ROUNDING_TIE`` of zero are ties and, as exact zeros,
+    are dropped by the test (scipy's ``zero_method="wilcox"``); pairs with fewer than two units, or
+    only ties, record no win and are no test of the Holm family.
     """
     table = scores.pivot_table(index="unit", columns="model", values="score", aggfunc="first")
     rows = []
@@ -178,7 +262,12 @@ def pairwise_wins(scores: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
             p_value = float(scipy_stats.wilcoxon(diff, alternative="two-sided").pvalue)
         rows.append({"model": a, "opponent": b, "n_units": len(diff), "median_diff": median, "p_value": p_value,
                      "win": bool(p_value < alpha and median > 0) if not np.isnan(p_value) else False})
-    return pd.DataFrame(rows, columns=["model", "opponent", "n_units", "median_diff", "p_value", "win"])
+    table = pd.DataFrame(rows, columns=["model", "opponent", "n_units", "median_diff", "p_value", "win"])
+    table["p_holm"] = np.nan
+    for _, family in table.groupby("model", sort=False):
+        table.loc[family.index, "p_holm"] = holm_adjusted(family["p_value"].to_numpy())
+    table["win_holm"] = (table["p_holm"] < alpha) & (table["median_diff"] > 0)
+    return table
 
 
 def win_counts(runs: pd.DataFrame, metric: str, alpha: float = 0.05) -> pd.DataFrame:
@@ -188,12 +277,14 @@ def win_counts(runs: pd.DataFrame, metric: str, alpha: float = 0.05) -> pd.DataF
     frames = []
     for condition, group in pairs.groupby(["magnification", "readout", "taxonomy", "protocol"], sort=True):
         wins = pairwise_wins(group[["model", "pair", "score"]].rename(columns={"pair": "unit"}), alpha)
-        counts = wins.groupby("model")["win"].sum().reindex(sorted(group["model"].unique()), fill_value=0)
-        frame = counts.astype(int).rename("wins").reset_index()
+        models = sorted(group["model"].unique())
+        per_model = wins.groupby("model")[["win", "win_holm"]].sum().reindex(models, fill_value=0).astype(int)
+        frame = pd.DataFrame({"model": models, "wins": per_model["win"].to_numpy(),
+                              "wins_holm": per_model["win_holm"].to_numpy()})
         for key, value in zip(["magnification", "readout", "taxonomy", "protocol"], condition):
             frame[key] = value
         frames.append(frame)
-    columns = ["model", "magnification", "readout", "taxonomy", "protocol", "wins"]
+    columns = ["model", "magnification", "readout", "taxonomy", "protocol", "wins", "wins_holm"]
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 

@@ -35,30 +35,35 @@ def _pick(frame: pd.DataFrame, **equals) -> pd.DataFrame:
 
 
 def _mean_sd(summary: pd.DataFrame, index: str, columns: str) -> pd.DataFrame:
-    """Wide frame with '<column> mean' and '<column> sd' per value of ``columns`` (empty in, empty out)."""
+    """Wide frame with '<column> mean' and '<column> sd' per value of ``columns`` (and '<column> low',
+    '<column> high' when ``summary`` has the interval), empty in, empty out."""
     if summary.empty:
         return pd.DataFrame(index=pd.Index([], name=index))
-    wide = summary.pivot_table(index=index, columns=columns, values=["mean", "sd"], aggfunc="first",
+    parts = [p for p in ("mean", "sd", "low", "high") if p in summary.columns]
+    wide = summary.pivot_table(index=index, columns=columns, values=parts, aggfunc="first",
                                dropna=False)  # keep an SD that is NaN (one balanced unit)
     out = pd.DataFrame(index=wide.index)
     for key in wide["mean"].columns:
-        out[f"{key} mean"] = wide[("mean", key)]
-        out[f"{key} sd"] = wide[("sd", key)]
+        for part in parts:
+            out[f"{key} {part}"] = wide[(part, key)]
     return out
 
 
 def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame, robustness: pd.DataFrame,
              magnification: str) -> pd.DataFrame:
-    """Per model: Tfine Nuc Macro-F1 mean/sd per protocol, CRA (Eq. 4), CRT, and the panel-scope
-    CRoMa median, LTM10 and RI of the Nuc readout (Tfine where scored, else Tcoarse)."""
+    """Per model: Tfine Nuc Macro-F1 mean/sd and 95% interval per protocol, CRA (Eq. 4) with its
+    interval, CRT, and the panel-scope CRoMa median, LTM10 and RI of the Nuc readout (Tfine where
+    scored, else Tcoarse)."""
     chosen = _pick(summary, readout="Nuc", taxonomy="fine", magnification=magnification, metric="macro_f1")
     frame = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
     for protocol in PROTOCOLS:
         rows = chosen[chosen["protocol"] == protocol].set_index("model")
-        frame[f"{PROTOCOL_LABELS[protocol]} mean"] = rows["mean"].reindex(frame.index)
-        frame[f"{PROTOCOL_LABELS[protocol]} sd"] = rows["sd"].reindex(frame.index)
+        for part in ("mean", "sd", "low", "high"):
+            frame[f"{PROTOCOL_LABELS[protocol]} {part}"] = rows[part].reindex(frame.index)
     pooled = _pick(cra_pooled, magnification=magnification, metric="macro_f1").set_index("model")
     frame["CRA"] = pooled["cra"].reindex(frame.index)
+    frame["CRA low"] = pooled["low"].reindex(frame.index)
+    frame["CRA high"] = pooled["high"].reindex(frame.index)
     frame["CRT"] = crt.set_index("model")["crt"].reindex(frame.index)
     scored = _pick(robustness, readout="Nuc", magnification=magnification, scope="panel")
     scored = scored.sort_values("taxonomy", key=lambda t: t != "fine", kind="mergesort").drop_duplicates("model")
@@ -85,35 +90,40 @@ def is_readout_table(is_panels: pd.DataFrame, cra_panels: pd.DataFrame, panel: s
 
 def cra_table(summary: pd.DataFrame, cra_pooled: pd.DataFrame, magnification: str,
               metric: str = "macro_f1") -> pd.DataFrame:
-    """Table 4: IS Nuc and Mean per taxonomy, CRA (both taxonomies pooled) ± SD and CRA wins."""
+    """Table 4: IS Nuc and Mean per taxonomy, CRA (both taxonomies pooled) ± SD, each with its 95%
+    interval, and CRA wins (the paper's, and Holm-corrected beside them)."""
     chosen = _pick(summary, protocol="is", magnification=magnification, metric=metric)
     chosen = chosen[chosen["readout"].isin(["Nuc", "Mean"])]
     chosen = chosen.assign(column=chosen["taxonomy"].map({"fine": "Tfine", "coarse": "Tcoarse"}) + " "
                            + chosen["readout"])
     table = _mean_sd(chosen, "model", "column")
-    ordered = [f"{t} {r} {s}" for t in ("Tfine", "Tcoarse") for r in ("Nuc", "Mean") for s in ("mean", "sd")]
+    ordered = [f"{t} {r} {s}" for t in ("Tfine", "Tcoarse") for r in ("Nuc", "Mean")
+               for s in ("mean", "sd", "low", "high")]
     table = table[[c for c in ordered if c in table.columns]]
     pooled = _pick(cra_pooled, magnification=magnification, metric=metric).set_index("model")
-    table["CRA mean"] = pooled["cra"].reindex(table.index)
-    table["CRA sd"] = pooled["sd"].reindex(table.index)
+    for part, column in (("mean", "cra"), ("sd", "sd"), ("low", "low"), ("high", "high")):
+        table[f"CRA {part}"] = pooled[column].reindex(table.index)
     table["CRA wins"] = pooled["wins"].reindex(table.index).fillna(0).astype(int)
+    table["CRA Holm wins"] = pooled["wins_holm"].reindex(table.index).fillna(0).astype(int)
     return _ranked(table, "CRA wins", "CRA mean")
 
 
 def cross_domain_table(summary: pd.DataFrame, wins: pd.DataFrame, crt: pd.DataFrame, magnification: str,
                        taxonomy: str = "fine") -> pd.DataFrame:
-    """Table 5: Nuc Macro-F1 and Macro-AUROC (mean, sd) and Macro-F1 wins per cross-domain protocol, and CRT."""
+    """Table 5: Nuc Macro-F1 and Macro-AUROC (mean, sd, 95% interval) and Macro-F1 wins (the paper's,
+    and Holm-corrected beside them) per cross-domain protocol, and CRT (from the paper's wins)."""
     table = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
     for protocol in CROSS_DOMAIN_PROTOCOLS:
         name = PROTOCOL_LABELS[protocol]
         for metric, label in (("macro_f1", "F1"), ("macro_auroc", "AUROC")):
             rows = _pick(summary, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
                          metric=metric).set_index("model")
-            table[f"{name} {label} mean"] = rows["mean"].reindex(table.index)
-            table[f"{name} {label} sd"] = rows["sd"].reindex(table.index)
+            for part in ("mean", "sd", "low", "high"):
+                table[f"{name} {label} {part}"] = rows[part].reindex(table.index)
         won = _pick(wins, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
-                    metric="macro_f1").set_index("model")["wins"]
-        table[f"{name} wins"] = won.reindex(table.index)
+                    metric="macro_f1").set_index("model")
+        table[f"{name} wins"] = won["wins"].reindex(table.index)
+        table[f"{name} Holm wins"] = won["wins_holm"].reindex(table.index)
     table["CRT"] = crt.set_index("model")["crt"].reindex(table.index)
     return _ranked(table, "CRT", "MOCV F1 mean").dropna(how="all")
 
@@ -296,17 +306,24 @@ def panel_table(panels: pd.DataFrame) -> pd.DataFrame:
 def display(table: pd.DataFrame, percent_pairs: bool = True, percent_columns: Collection[str] = ("CRA",),
             digits: int = 2) -> pd.DataFrame:
     """Strings for a numeric table. '<x> mean' + '<x> sd' pairs become one '<x>' column 'm ± s';
+    a '<x> low' + '<x> high' interval joins its pair (or its '<x>' column) as 'm ± s [low, high]';
     pairs (when ``percent_pairs``) and ``percent_columns`` are shown ×100 (fractions → pp); win
     counts as integers; booleans as 'yes' / ''; other floats rounded; NaN → '–'."""
     out = pd.DataFrame(index=table.index)
+    interval_of = {c[:-4] for c in table.columns if c.endswith(" low") and f"{c[:-4]} high" in table.columns}
     for column in table.columns:
         if column.endswith(" sd") and f"{column[:-3]} mean" in table.columns:
+            continue
+        if (column.endswith(" low") and column[:-4] in interval_of
+                or column.endswith(" high") and column[:-5] in interval_of):
             continue
         values = table[column]
         if column.endswith(" mean") and f"{column[:-5]} sd" in table.columns:
             scale = 100.0 if percent_pairs else 1.0
             sd = table[f"{column[:-5]} sd"]
             out[column[:-5]] = [_pm(m * scale, s * scale, digits) for m, s in zip(values, sd)]
+            if column[:-5] in interval_of:
+                out[column[:-5]] = _with_interval(out[column[:-5]], table, column[:-5], scale, digits)
         elif column.lower().endswith("wins"):
             out[column] = ["–" if pd.isna(v) else str(int(v)) for v in values]
         elif pd.api.types.is_bool_dtype(values):
@@ -316,9 +333,18 @@ def display(table: pd.DataFrame, percent_pairs: bool = True, percent_columns: Co
         elif pd.api.types.is_float_dtype(values):
             factor = 100.0 if column in percent_columns else 1.0
             out[column] = ["–" if pd.isna(v) else f"{v * factor:.{digits}f}" for v in values]
+            if column in interval_of:
+                out[column] = _with_interval(out[column], table, column, factor, digits)
         else:
             out[column] = ["–" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in values]
     return out
+
+
+def _with_interval(shown: pd.Series, table: pd.DataFrame, name: str, scale: float, digits: int) -> list[str]:
+    """``shown`` values followed by the 95% interval '[low, high]' of ``name`` (× ``scale``)."""
+    return [text if pd.isna(lo) or pd.isna(hi) or text == "–"
+            else f"{text} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
+            for text, lo, hi in zip(shown, table[f"{name} low"], table[f"{name} high"])]
 
 
 def _pm(mean: float, sd: float, digits: int) -> str:

@@ -4,8 +4,11 @@ table, the paper's summaries, ``reports/metrics.json`` and the MLflow runs.
 Outputs (paths relative to the reports folder):
 
 - ``probe/runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
-- ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC);
-- ``probe/cra.csv``, ``probe/wins.csv``, ``probe/crt.csv``, ``probe/rank_agreement.csv``;
+- ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC) with
+  its 95% bootstrap interval (``low``, ``high``);
+- ``probe/cra.csv``, ``probe/cra_pooled.csv`` (with its interval), ``probe/wins.csv`` (the paper's
+  uncorrected ``wins`` and the Holm-corrected ``wins_holm``), ``probe/crt.csv``,
+  ``probe/rank_agreement.csv``;
 - ``probe/counts.json``: runs fitted, skipped (fewer than two gated classes) and structurally
   unavailable (Cls readouts of CLS-less encoders), per protocol; ``probe/timing.json``;
 - ``metrics.json``: the headline numbers for ``dvc metrics show`` / ``dvc exp show``.
@@ -208,7 +211,8 @@ def condition_params(part: pd.DataFrame, params: Params) -> dict:
 
 def condition_metrics(part: pd.DataFrame) -> dict[str, float]:
     """One condition's balanced summary (percentage points), run counts and seed-averaged Macro-F1 per
-    unit: ``macro_f1``, ``macro_f1_sd``, ``n_units``, ``runs_ok``, ``unit/<section>/macro_f1``, …"""
+    unit: ``macro_f1``, ``macro_f1_sd``, its 95% bootstrap interval ``macro_f1_low`` / ``_high``,
+    ``n_units``, ``runs_ok``, ``unit/<section>/macro_f1``, …"""
     from cellpath.probing.stats import protocol_summary, unit_scores
 
     fitted = part[part["status"] == "ok"]
@@ -220,6 +224,8 @@ def condition_metrics(part: pd.DataFrame) -> dict[str, float]:
         if len(summary):
             metrics[metric] = PERCENT * float(summary["mean"].iloc[0])
             metrics[f"{metric}_sd"] = PERCENT * float(summary["sd"].iloc[0])
+            metrics[f"{metric}_low"] = PERCENT * float(summary["low"].iloc[0])
+            metrics[f"{metric}_high"] = PERCENT * float(summary["high"].iloc[0])
             metrics["n_units"] = float(summary["n_units"].iloc[0])
     for row in unit_scores(part, "macro_f1").itertuples():
         metrics[metric_key("unit", row.unit, "macro_f1")] = PERCENT * float(row.score)
@@ -241,6 +247,7 @@ def comparison_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame],
         name = " ".join(str(getattr(row, key)) for key in keys)
         if name in out:
             out[name][f"wins_{row.metric}"] = float(row.wins)
+            out[name][f"wins_holm_{row.metric}"] = float(row.wins_holm)
     cra = summaries["cra"]
     for row in cra[cra["metric"] == "macro_f1"].itertuples():
         name = f"{row.model} is {row.magnification} Nuc {row.taxonomy}"
@@ -308,22 +315,34 @@ def headline_metrics(runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], mag
     """``reports/metrics.json`` for ``dvc metrics show`` / ``dvc exp show``: the report's headline
     table without its SDs. Per model: Tfine Nuc Macro-F1 (pp) per protocol at the headline
     magnification (``IS``, ``IOCD``, ``MOCV``, ``LOOO``), ``CRA`` (pp, Eq. 4, taxonomies pooled) and
-    ``CRT``; keys of what was not computed are left out. Run counts are in ``probe/counts.json``."""
+    ``CRT``, and each mean's 95% bootstrap interval as a ``[low, high]`` list (``IS_ci95``, …,
+    ``CRA_ci95``; DVC shows no lists, so they add no columns to ``dvc exp show``). Keys of what was
+    not computed are left out. Run counts are in ``probe/counts.json``."""
     headline = headline_magnification(magnifications)
     summary = summaries["summary"]
     chosen = summary[(summary["readout"] == "Nuc") & (summary["taxonomy"] == "fine")
                      & (summary["magnification"] == headline) & (summary["metric"] == "macro_f1")]
     cra = summaries["cra_pooled"]
-    cra = cra[(cra["magnification"] == headline) & (cra["metric"] == "macro_f1")].set_index("model")["cra"]
+    cra = cra[(cra["magnification"] == headline) & (cra["metric"] == "macro_f1")].set_index("model")
     crt = summaries["crt"].set_index("model")["crt"] if len(summaries["crt"]) else pd.Series(dtype=float)
     metrics: dict = {"magnification": headline}
     for model in sorted(runs["model"].unique()):
-        mine = chosen[chosen["model"] == model].set_index("protocol")["mean"]
-        entry = {PROTOCOL_LABELS[p]: _points(mine[p]) for p in PROTOCOLS if p in mine.index}
-        entry |= {"CRA": _points(cra.get(model)), "CRT": None if not np.isfinite(crt.get(model, np.nan))
+        mine = chosen[chosen["model"] == model].set_index("protocol")
+        entry = {PROTOCOL_LABELS[p]: _points(mine.at[p, "mean"]) for p in PROTOCOLS if p in mine.index}
+        entry |= {"CRA": _points(cra["cra"].get(model)), "CRT": None if not np.isfinite(crt.get(model, np.nan))
                   else round(float(crt[model]), 2)}
-        metrics[model] = {key: value for key, value in entry.items() if value is not None}
+        intervals = {f"{PROTOCOL_LABELS[p]}_ci95": _interval(mine.at[p, "low"], mine.at[p, "high"])
+                     for p in PROTOCOLS if p in mine.index}
+        if model in cra.index:
+            intervals["CRA_ci95"] = _interval(cra.at[model, "low"], cra.at[model, "high"])
+        metrics[model] = {key: value for key, value in (entry | intervals).items() if value is not None}
     return metrics
+
+
+def _interval(low: float, high: float) -> list[float] | None:
+    """A [low, high] interval in percentage points (None when undefined)."""
+    ends = [_points(low), _points(high)]
+    return None if None in ends else ends
 
 
 def stage_params(params: Params, magnifications: list[str]) -> dict:

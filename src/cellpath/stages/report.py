@@ -121,20 +121,26 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
             | _robustness_tables(inputs, headline) | _data_tables(inputs))
 
 
+INTERVAL_NOTE = ("[low, high]: 95% bootstrap interval of the mean, resampling the balanced units (organs or folds) "
+                 "and the seeds within them (2,000 replicates; beyond the paper, which reports mean ± SD).")
+
+
 def _probe_tables(inputs: ReportInputs, magnifications: list[str], panel: str) -> dict[str, tuple[Table, pd.DataFrame]]:
     """The headline, within-section (CRA, IS per readout and nested panel) tables."""
     probe, headline = inputs.probe, headline_magnification(magnifications)
     out: dict[str, tuple[Table, pd.DataFrame]] = {}
     out["headline"] = _table(
         "headline", "Headline", f"Tfine, Nuc readout, {headline}: Macro-F1 per protocol (mean ± SD, pp), CRA (pp), "
-        "CRT and the robustness summary (CRoMa median, LTM10, RI) of the same readout and magnification.",
+        "CRT and the robustness summary (CRoMa median, LTM10, RI) of the same readout and magnification. "
+        + INTERVAL_NOTE,
         tables.headline(probe["summary"], probe["cra_pooled"], probe["crt"], inputs.robustness["summary"], headline))
     for magnification in magnifications:
         out[f"cra_{magnification}"] = _table(
             f"cra_{magnification}", f"Table 4 — within-section CRA at {magnification}",
             "IS organ-balanced Macro-F1 (mean ± SD across organs, pp) of Nuc and Mean under both taxonomies; CRA "
             "(Eq. 4, taxonomies pooled) ± SD across organs; CRA wins: paired Wilcoxon over (section, taxonomy, seed) "
-            "differences. Bold: best, underlined: second best.",
+            "differences; Holm wins: the same after Holm's correction over the opponents. Bold: best, underlined: "
+            "second best. " + INTERVAL_NOTE,
             tables.cra_table(probe["summary"], probe["cra_pooled"], magnification))
         for taxonomy in TAXONOMIES:
             numeric = tables.is_readout_table(probe["is_panels"], probe["cra_panels"], panel, magnification, taxonomy)
@@ -162,8 +168,9 @@ def _cross_domain_tables(inputs: ReportInputs, magnifications: list[str]) -> dic
     for taxonomy in TAXONOMIES:
         out[f"cross_domain_{taxonomy}"] = _table(
             f"cross_domain_{taxonomy}", f"Table 5 — cross-domain transfer, {TAXONOMY_LABELS[taxonomy]}, {headline}",
-            "Nuc Macro-F1 and Macro-AUROC (mean ± SD, pp) per protocol; wins: Macro-F1 significant wins; CRT: "
-            "mean of the three Tfine win counts (Eq. 5).",
+            "Nuc Macro-F1 and Macro-AUROC (mean ± SD, pp) per protocol; wins: Macro-F1 significant wins (the "
+            "paper's, uncorrected); Holm wins: those left after Holm's correction over the opponents (beyond the "
+            "paper); CRT: mean of the three Tfine uncorrected win counts (Eq. 5). " + INTERVAL_NOTE,
             tables.cross_domain_table(probe["summary"], probe["wins"], probe["crt"], headline, taxonomy))
     out["landscape"] = _table(
         "landscape", "CRA–CRT landscape data", "CRA in pp; pretraining scale and parameters as in the registry.",

@@ -172,13 +172,24 @@ def page(constructed):
     return {"tables": parser.tables, "path": html_path, "reports": root / "reports"}
 
 
+def _interval(cell: str) -> tuple[float, float]:
+    """The '[low, high]' at the end of a table cell."""
+    low, high = cell[cell.index("[") + 1:cell.index("]")].split(",")
+    return float(low), float(high)
+
+
 def test_headline_cells_are_the_hand_values(page):
     t = page["tables"]
     # IS Tfine Nuc of filterbank-dense: 0.5 + 0.1 + organ means (0.02, 0.04, 0.02) → 0.62667 ± 0.01155.
-    assert _cell(t, "headline", "filterbank-dense", "IS") == "62.67 ± 1.15"
+    assert _cell(t, "headline", "filterbank-dense", "IS").startswith("62.67 ± 1.15 [")
     # MOCV: folds 0, 0.03, 0.06 → 0.63 ± 0.03; CRA (Nuc − Mean) is 0.1 everywhere → 10.00 pp.
-    assert _cell(t, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
-    assert _cell(t, "headline", "random-vit-t16", "CRA") == "10.00"
+    mocv = _cell(t, "headline", "filterbank-dense", "MOCV")
+    assert mocv.startswith("63.00 ± 3.00 [")
+    # its 95% interval: a resample's mean lies between every fold's lower seed (0.59) and upper (0.67)
+    low, high = _interval(mocv)
+    assert 59.0 <= low < 63.0 < high <= 67.0
+    # identical differences everywhere: the interval is the point
+    assert _cell(t, "headline", "random-vit-t16", "CRA") == "10.00 [10.00, 10.00]"
     assert _cell(t, "headline", "random-vit-t16", "CRoMa median") == "0.20"
 
 
@@ -193,17 +204,23 @@ def test_win_and_crt_cells(page):
         assert _cell(t, "cross_domain_fine", "filterbank-dense", f"{protocol} wins") == "2"
         assert _cell(t, "cross_domain_fine", "random-vit-s16", f"{protocol} wins") == "0"
     assert _cell(t, "cross_domain_fine", "filterbank-dense", "CRT") == "2.00"
+    # Holm over the 2 opponents: IOCD's 12 pairs give p = 2/2^12, ×2 still < 0.05: both wins stay;
+    # MOCV's and LOOO's 6 pairs give p = 2/2^6 = 0.03125 for both opponents, ×2 = 0.0625: none stays.
+    assert _cell(t, "cross_domain_fine", "filterbank-dense", "IOCD Holm wins") == "2"
+    assert _cell(t, "cross_domain_fine", "filterbank-dense", "MOCV Holm wins") == "0"
+    assert _cell(t, "cross_domain_fine", "filterbank-dense", "LOOO Holm wins") == "0"
     assert _cell(t, "cross_domain_fine", "random-vit-t16", "CRT") == "1.00"
     # Table 4: pooled CRA 0.1 with zero spread across organs; no CRA wins (equal differences).
-    assert _cell(t, "cra_20x", "random-vit-t16", "CRA") == "10.00 ± 0.00"
-    assert _cell(t, "cra_20x", "random-vit-t16", "Tcoarse Nuc") == "72.67 ± 1.15"
+    assert _cell(t, "cra_20x", "random-vit-t16", "CRA") == "10.00 ± 0.00 [10.00, 10.00]"
+    assert _cell(t, "cra_20x", "random-vit-t16", "CRA Holm wins") == "0"
+    assert _cell(t, "cra_20x", "random-vit-t16", "Tcoarse Nuc").startswith("72.67 ± 1.15 [")
 
 
 def test_rows_are_sorted_by_wins_and_best_values_are_marked(page):
     rows = [r[0] for r in page["tables"]["cross_domain_fine"][1:]]
     assert rows == ["filterbank-dense", "random-vit-t16", "random-vit-s16"]
     html = page["path"].read_text()
-    assert '<td class="best">62.67 ± 1.15</td>' in html
+    assert '<td class="best">62.67 ± 1.15 [' in html
 
 
 def test_panel_robustness_reads_smaller_panels_from_the_same_is_runs(page):
@@ -289,7 +306,7 @@ def test_thumbnail_crop_is_inside_the_slide_and_points_fall_in_it(tiny_panel):
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_page_renders_in_headless_chromium(page, tmp_path):
     dom = dump_dom(page["path"].as_uri(), tmp_path / "profile")
-    assert 'id="headline"' in dom and "62.67 ± 1.15" in dom
+    assert 'id="headline"' in dom and "62.67 ± 1.15 [" in dom
     shot = screenshot(page["path"].as_uri(), tmp_path / "profile", tmp_path / "page.png", (1200, 2000))
     from PIL import Image
 
@@ -313,7 +330,7 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
     page = run_report_stage(constructed["params"], root / "data", root / "reports", root=root).read_text()
     parser = _Tables()
     parser.feed(page)
-    assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV") == "63.00 ± 3.00"
+    assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV").startswith("63.00 ± 3.00 [")
     assert _cell(parser.tables, "headline", "filterbank-dense", "IS") == "–"
     assert "panel robustness: no data in this run" in page and "shortcut probe: no data in this run" in page
     # the header says what was run; the IS tables say why they are empty instead of showing bare headers
