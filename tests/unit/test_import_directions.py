@@ -9,7 +9,8 @@ import pytest
 
 from cellpath.runtime.code_deps import PACKAGE_DIR, imported_modules
 
-DOMAIN = ("annotation", "concordance", "features", "probing", "robustness", "report", "simulation", "sources")
+DOMAIN = ("annotation", "concordance", "features", "probing", "published", "robustness", "report", "simulation",
+          "sources")
 
 
 def _imports(relative: str) -> set[str]:

@@ -25,6 +25,8 @@ from cellpath.features.readouts import readout_available
 from cellpath.io.layout import features_dir, panels_csv, section_index_csv
 from cellpath.probing.fit import design_row_bytes
 from cellpath.probing.plan import count_runs
+from cellpath.published.reference import (PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS, PAPER_MOCV_FOLDS, PAPER_PANEL,
+                                         PAPER_PANEL_SIZES, PAPER_SEEDS)
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, ExtractCosts, extract_patches, extract_seconds,
                                     feature_bytes, load_costs, parameter_count, patch_gflop, probe_fit_seconds,
                                     probe_heap_bytes, robustness_heap_bytes, robustness_seconds, workers_needed)
@@ -42,11 +44,11 @@ def paper_params(params: Params) -> Params:
     registry = load_registry(params.extract.registry)
     data["extract"].update(encoders=[s.slug for s in registry.values() if s.type != "control"],
                            magnifications=list(MAGNIFICATIONS))
-    data["concordance"]["panel_sizes"] = [10, 15, 20, 25]
-    data.update(panel="S25", protocol="all", source="10x")
+    data["concordance"]["panel_sizes"] = list(PAPER_PANEL_SIZES)
+    data.update(panel=PAPER_PANEL, protocol="all", source="10x")
     data["probe"].update(taxonomies=["fine", "coarse"], readouts=list(READOUTS), magnifications=None,
-                         seeds={"is": 5, "iocd": 3, "mocv": 3, "looo": 3}, mocv_folds=5, max_train_cells=None,
-                         min_train_cells={"fine": 500, "coarse": 100}, min_test_cells={"fine": 200, "coarse": 100})
+                         seeds=dict(PAPER_SEEDS), mocv_folds=PAPER_MOCV_FOLDS, max_train_cells=None,
+                         min_train_cells=dict(PAPER_MIN_TRAIN_CELLS), min_test_cells=dict(PAPER_MIN_TEST_CELLS))
     data["robustness"].update(taxonomies=["fine", "coarse"], magnifications=None)
     data["robustness"]["shortcut"]["n_runs"] = 20
     return parse_params(data)

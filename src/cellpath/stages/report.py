@@ -25,11 +25,15 @@ from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (COUNTS_NAME, label_summary_csv, panels_csv, probe_reports, probe_runs_parquet, raw_dir,
                                 report_figures, report_html, report_tables, robustness_reports)
 from cellpath.io.sections import read_section_index
+from cellpath.published import load_published
+from cellpath.published.reference import (RunConfiguration, comparability, placement, published_condition,
+                                         reproduction)
 from cellpath.report import figures, tables
 from cellpath.report.render import Table, render_html
 from cellpath.report.thumbnails import section_thumbnail
 from cellpath.runtime.tracking import provenance_tags
-from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS, PROTOCOLS, TAXONOMIES, TAXONOMY_LABELS, headline_magnification
+from cellpath.vocabulary import (CROSS_DOMAIN_PROTOCOLS, PROTOCOL_LABELS, PROTOCOLS, TAXONOMIES, TAXONOMY_LABELS,
+                                 headline_magnification)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,8 @@ class ReportInputs:
     label_summary: pd.DataFrame
     panels: pd.DataFrame
     registry: pd.DataFrame
+    published: pd.DataFrame  # the paper's results (cellpath.published)
+    run_configuration: RunConfiguration
 
 
 def _read(path: Path, stage: str, reader=pd.read_csv, **kwargs):
@@ -97,10 +103,26 @@ def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
                     columns=["model", "magnification", "readout", "taxonomy", "scope", "unit", "margin"])
     label_summary = _read(label_summary_csv(data_dir), "annotate")
     panels = _read(panels_csv(data_dir), "concordance")
-    registry = pd.DataFrame([{"name": s.name, "type": s.type, "params": s.params,
+    registry = pd.DataFrame([{"slug": s.slug, "name": s.name, "type": s.type, "params": s.params,
                               "pretrain_wsi_equivalent": s.pretrain_wsi_equivalent, "architecture": s.architecture}
                              for s in selected_encoders(params.extract.registry, params.extract.encoders)])
-    return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry)
+    return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry, load_published(),
+                        run_configuration(params, panels))
+
+
+def run_configuration(params: Params, panels: pd.DataFrame) -> RunConfiguration:
+    """What this run evaluated (params, the evaluated panel's sections) against the paper's S25 (the
+    10x manifest's ``panel_s25`` rows)."""
+    manifest = pd.read_csv(params.tenx.manifest) if Path(params.tenx.manifest).is_file() else pd.DataFrame()
+    paper = frozenset(manifest.loc[manifest["panel_s25"].astype(bool), "section_id"]) if "panel_s25" in manifest \
+        else frozenset()
+    evaluated = panels[panels[params.panel].astype(bool) & ~panels["excluded_by_annotation"].astype(bool)]
+    cfg = params.probe
+    return RunConfiguration(
+        source=params.source, panel=params.panel, panel_sizes=tuple(params.concordance.panel_sizes),
+        panel_sections=frozenset(evaluated["section_id"]), paper_panel_sections=paper, seeds=dict(cfg.seeds),
+        mocv_folds=cfg.mocv_folds, min_train_cells=cfg.min_train_cells.model_dump(),
+        min_test_cells=cfg.min_test_cells.model_dump(), max_train_cells=cfg.max_train_cells)
 
 
 def _table(name: str, title: str, caption: str, numeric: pd.DataFrame, percent_pairs: bool = True,
@@ -118,7 +140,47 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
     evaluated panel (params.yaml ``panel``)."""
     headline = headline_magnification(magnifications)
     return (_probe_tables(inputs, magnifications, panel) | _cross_domain_tables(inputs, magnifications)
-            | _robustness_tables(inputs, headline) | _data_tables(inputs))
+            | _published_tables(inputs, headline) | _robustness_tables(inputs, headline) | _data_tables(inputs))
+
+
+def _published_tables(inputs: ReportInputs, headline: str) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """This run's models among the paper's 30 (Tfine, Nuc, Macro-F1 at the headline magnification,
+    S25), and — when the run is the paper's configuration — ours − published per model and condition."""
+    names = dict(zip(inputs.registry["slug"], inputs.registry["name"]))
+    protocols = [p for p in PROTOCOLS if p in set(inputs.runs["protocol"])]
+    summary = inputs.probe["summary"]
+    placed = placement(inputs.published, summary, names, protocols=protocols, magnification=headline)
+    sources = sorted({int(t) for p in protocols for t in published_condition(
+        inputs.published, protocol=p, magnification=headline, readout="Nuc", taxonomy="fine")["table"]})
+    numeric = placed.set_index("model") if len(placed) else pd.DataFrame(index=pd.Index([], name="model"))
+    shown = numeric.copy()
+    for column in [c for c in shown.columns if c.endswith(" rank")]:
+        shown[column] = ["–" if pd.isna(v) else str(int(v)) for v in shown[column]]
+    shown = shown.rename(columns={p: PROTOCOL_LABELS[p] for p in protocols}
+                         | {f"{p} rank": f"{PROTOCOL_LABELS[p]} rank" for p in protocols})
+    reasons = comparability(inputs.run_configuration)
+    verdict = ("Not comparable: " + "; ".join(reasons) + ". The paper's values are context only."
+               if reasons else "Comparable: this run is the paper's configuration (S25, seeds, class gates).")
+    out = {"published_placement": _table(
+        "published_placement", f"Published reference — Tfine, Nuc, Macro-F1, {headline}, S25",
+        f"{verdict} The paper's 30 models (its Tables {', '.join(map(str, sources)) or '–'}; pp) with this run's "
+        "models placed among them; rank: 1 + the number of the paper's models with a higher mean.",
+        shown, percent_pairs=False, percent_columns=())}
+    published_models = set(inputs.published["model"])
+    ours_published = {slug: name for slug, name in names.items() if name in published_models}
+    checked = reproduction(inputs.published, summary, ours_published) if not reasons and ours_published \
+        else pd.DataFrame(columns=["model"])
+    table = _table("published_reproduction", "Reproduction check — ours − published",
+                   "Per model and condition both have: the paper's mean, ours, the difference (pp) and the tolerance "
+                   "its SD implies for a mean over the same balanced units (±1.96·SD/√n); flagged outside it.",
+                   checked.set_index("model") if len(checked) else pd.DataFrame(index=pd.Index([], name="model")),
+                   percent_pairs=False, percent_columns=())
+    if reasons:
+        table[0].empty_reason = "the run is not the paper's configuration: " + "; ".join(reasons)
+    elif not ours_published:
+        table[0].empty_reason = "none of this run's encoders is one of the paper's 30"
+    out["published_reproduction"] = table
+    return out
 
 
 INTERVAL_NOTE = ("[low, high]: 95% bootstrap interval of the mean, resampling the balanced units (organs or folds) "
@@ -389,6 +451,7 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "is_tables": [by_name[f"is_{t}_{m}"] for m in magnifications for t in ("fine", "coarse")]
         + [table for name, table in by_name.items() if re.fullmatch(r"is_(fine|coarse)_\d+x_S\d+", name)],
         "cross_tables": [by_name["cross_domain_fine"], by_name["cross_domain_coarse"]],
+        "published_tables": [by_name["published_placement"], by_name["published_reproduction"]],
         "landscape_table": by_name["landscape"],
         "landscape_note": (f"Without a pretraining scale in the registry (drawn at the left, off the scale): "
                            f"{', '.join(missing_scale)}." if missing_scale else ""),

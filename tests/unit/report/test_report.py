@@ -355,3 +355,14 @@ def test_nipd_joins_only_the_robustness_rows_of_its_own_condition():
     for other in (("fine", "section_id"), ("fine", "organ"), ("coarse", "organ")):
         assert np.isnan(table.loc[other, "nipd in_domain"]), other
     assert (table["k_selected"] == 7).all()
+
+
+def test_published_reference_places_the_run_among_the_papers_models(page):
+    table = page["tables"]["published_placement"]
+    header, rows = table[0], {row[0]: row for row in table[1:]}
+    assert len(rows) == 30 + len(MODELS) and {"UNI2", "H-Optimus-1", *MODELS} <= set(rows)
+    assert header[1] == "source" and rows["filterbank-dense"][1] == "this run" and rows["UNI2"][1] == "paper"
+    html = page["path"].read_text()
+    assert "Not comparable: simulated panel" in html
+    # the reproduction check needs the paper's configuration: its table says why it is empty
+    assert "the run is not the paper&#39;s configuration" in html or "the run is not the paper's configuration" in html

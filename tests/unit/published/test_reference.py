@@ -1,0 +1,82 @@
+"""This run among the paper's 30 models: comparability, placement and the reproduction check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cellpath.published import load_published
+from cellpath.published.reference import (PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS, PAPER_SEEDS, RunConfiguration,
+                                          comparability, placement, published_condition, reproduction)
+
+S25 = frozenset(f"s{i}" for i in range(25))
+PAPER_RUN = RunConfiguration(source="10x", panel="S25", panel_sizes=(10, 15, 20, 25), panel_sections=S25,
+                             paper_panel_sections=S25, seeds=dict(PAPER_SEEDS), mocv_folds=5,
+                             min_train_cells=dict(PAPER_MIN_TRAIN_CELLS), min_test_cells=dict(PAPER_MIN_TEST_CELLS),
+                             max_train_cells=None)
+
+
+@pytest.fixture(scope="module")
+def published() -> pd.DataFrame:
+    return load_published()
+
+
+def test_the_paper_configuration_is_comparable():
+    assert comparability(PAPER_RUN) == []
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"source": "synthetic"}, "simulated panel"),
+    ({"panel": "S12", "panel_sizes": (6, 8, 10, 12)}, "another panel"),
+    ({"panel_sections": S25 - {"s3"} | {"other"}}, "2 sections differ"),
+    ({"seeds": {"is": 1, "iocd": 1, "mocv": 2, "looo": 2}}, "other seeds"),
+    ({"min_train_cells": {"fine": 25, "coarse": 10}}, "other class gates"),
+    ({"max_train_cells": 5000}, "capped at 5000"),
+])
+def test_every_departure_from_the_paper_is_named(change, reason):
+    reasons = comparability(dataclasses.replace(PAPER_RUN, **change))
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_the_condition_comes_from_the_complete_supplementary_table(published):
+    paper = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine")
+    assert len(paper) == 30 and set(paper["table"]) == {15}  # Table 15, not Table 4's copy of the same column
+    looo = published_condition(published, protocol="looo", magnification="20x", readout="Nuc", taxonomy="fine")
+    assert len(looo) == 30 and int(looo["table"].iloc[0]) > 116
+
+
+def _summary(rows: list[tuple[str, str, float, int]]) -> pd.DataFrame:
+    """A probe summary (fractions) with one Tfine Nuc Macro-F1 row per (model, protocol, mean, n_units)."""
+    return pd.DataFrame([{"model": m, "magnification": "20x", "readout": "Nuc", "taxonomy": "fine", "protocol": p,
+                          "metric": "macro_f1", "mean": mean, "sd": 0.05, "n_units": n} for m, p, mean, n in rows])
+
+
+def test_placement_ranks_this_run_among_the_paper(published):
+    paper = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine")
+    best, third = sorted(paper["mean"], reverse=True)[0], sorted(paper["mean"], reverse=True)[2]
+    ours = _summary([("mine", "is", (best + 1.0) / 100, 11), ("other", "is", (third - 0.001) / 100, 11)])
+    table = placement(published, ours, {"mine": "My model"}, protocols=["is"], magnification="20x")
+    assert len(table) == 32 and table.iloc[0]["model"] == "My model" and table.iloc[0]["source"] == "this run"
+    ranks = table.set_index("model")["is rank"]
+    assert ranks["My model"] == 1 and ranks["other"] == 4
+    own = table[table["source"] == "paper"]
+    assert [1 + int((paper["mean"] > v).sum()) for v in own["is"]] == own["is rank"].tolist()  # ties share a rank
+
+
+def test_reproduction_differences_and_flags(published):
+    paper = published_condition(published, protocol="mocv", magnification="20x", readout="Nuc",
+                                taxonomy="fine").set_index("model")
+    uni2, virchow = paper.loc["UNI2"], paper.loc["Virchow"]
+    # a paper-configuration run: UNI2 1 pp above its published mean (inside ±1.96·SD/√5), Virchow 10 pp below
+    ours = _summary([("uni2", "mocv", (uni2["mean"] + 1.0) / 100, 5), ("virchow", "mocv", (virchow["mean"] - 10) / 100, 5),
+                     ("new-model", "mocv", 0.3, 5)])
+    table = reproduction(published, ours, {"uni2": "UNI2", "virchow": "Virchow"}).set_index("model")
+    assert list(table.index) == ["UNI2", "Virchow"]  # a model the paper did not test is left out
+    assert table.at["UNI2", "difference"] == pytest.approx(1.0)
+    assert table.at["UNI2", "tolerance"] == pytest.approx(1.959964 * uni2["sd"] / np.sqrt(5))
+    assert table.at["Virchow", "difference"] == pytest.approx(-10.0)
+    assert not table.at["UNI2", "outside"] and table.at["Virchow", "outside"]
+    assert table.at["UNI2", "table"] == paper.at["UNI2", "table"]
