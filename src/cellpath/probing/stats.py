@@ -81,12 +81,13 @@ def percentile_interval(replicates: np.ndarray, level: float = INTERVAL_LEVEL) -
     return float(low), float(high)
 
 
-def _interval_columns(values: pd.DataFrame, keys: list[str], n_resamples: int) -> pd.DataFrame:
-    """``low`` / ``high`` per group of ``keys`` from :func:`hierarchical_bootstrap` of its rows."""
+def _interval_columns(values: pd.DataFrame, keys: list[str], n_resamples: int, *salt: str) -> pd.DataFrame:
+    """``low`` / ``high`` per group of ``keys`` from :func:`hierarchical_bootstrap` of its rows, each
+    seeded by its key followed by ``salt`` (what else names the quantity, e.g. the metric)."""
     rows = []
     for key, group in values.groupby(keys, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        low, high = percentile_interval(hierarchical_bootstrap(group, n_resamples, condition_rng(*key)))
+        low, high = percentile_interval(hierarchical_bootstrap(group, n_resamples, condition_rng(*key, *salt)))
         rows.append(dict(zip(keys, key)) | {"low": low, "high": high})
     return pd.DataFrame(rows, columns=[*keys, "low", "high"])
 
@@ -140,8 +141,8 @@ def protocol_summary(runs: pd.DataFrame, metric: str, n_resamples: int = BOOTSTR
     valid = runs.dropna(subset=[metric])
     per_seed = valid[CONDITION].assign(
         balanced_unit=np.where(valid["protocol"] == "mocv", valid["unit"].astype(str), valid["organ"].astype(str)),
-        unit=valid["unit"].astype(str).to_numpy(), value=valid[metric].to_numpy(float), metric=metric)
-    intervals = _interval_columns(per_seed, [*CONDITION, "metric"], n_resamples).drop(columns="metric")
+        unit=valid["unit"].astype(str).to_numpy(), value=valid[metric].to_numpy(float))
+    intervals = _interval_columns(per_seed, CONDITION, n_resamples, metric)
     return table.merge(intervals, on=CONDITION, how="left")
 
 
@@ -194,8 +195,8 @@ def pooled_cell_representation_advantage(runs: pd.DataFrame, metric: str, magnif
                          wins_holm=holm.reindex(table.index, fill_value=0).astype(int), magnification=magnification)
     per_seed = diffs.assign(balanced_unit=diffs["organ"].astype(str),
                             unit=diffs["unit"].astype(str) + "|" + diffs["taxonomy"], value=diffs["diff"])
-    intervals = _interval_columns(per_seed.assign(cra=f"cra|{metric}|{magnification}"), ["model", "cra"],
-                                  BOOTSTRAP_RESAMPLES).drop(columns="cra").set_index("model")
+    intervals = _interval_columns(per_seed, ["model"], BOOTSTRAP_RESAMPLES,
+                                  f"cra|{metric}|{magnification}").set_index("model")
     return table.join(intervals).reset_index()[columns]
 
 
