@@ -101,6 +101,20 @@ def test_holm_adjustment_golden():
     assert np.isnan(adjusted[3])
 
 
+def test_holm_adjustment_equals_statsmodels_bitwise():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 7, 29, 200):
+        p = rng.uniform(0, 0.3, size) ** 2
+        p[rng.random(size) < 0.2] = 0.004  # ties
+        expected = multipletests(p, method="holm")[1]
+        np.testing.assert_array_equal(holm_adjusted(p), expected)
+        with_gaps = np.insert(p, [0, size], np.nan)
+        np.testing.assert_array_equal(holm_adjusted(with_gaps)[1:-1], expected)
+    assert np.isnan(holm_adjusted(np.array([np.nan, np.nan]))).all()
+
+
 def test_holm_wins_are_a_subset_of_the_uncorrected_wins():
     runs = pd.concat([_runs(m, seed=i, shift=0.02 * i) for i, m in enumerate("abcdef")], ignore_index=True)
     wins = pairwise_wins(runs.assign(unit=runs["unit"] + "|" + runs["seed"].astype(str))[["model", "unit", "macro_f1"]]
