@@ -36,7 +36,7 @@ def pin_numpy_dispatch() -> None:
 
 
 #: Commands that are pipeline stages: each writes its log to reports/logs/<stage>.log as well.
-LOGGED_STAGES = ("fetch", "ingest", "annotate", "concordance", "extract", "probe", "robustness", "report")
+LOGGED_STAGES = ("fetch", "ingest", "annotate", "concordance", "extract", "probe", "robustness", "gallery", "report")
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -114,6 +114,13 @@ def _robustness(args: argparse.Namespace) -> None:
     run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _gallery(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages.gallery import run
+
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _report(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
     from cellpath.stages.report import run
@@ -169,6 +176,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
     "robustness": (_robustness, "CRoMa, F(0), LTM, RI, MaRI, k-NN probes and the shortcut probe (APD, nIPD) per encoder"),
+    "gallery": (_gallery, "where each model fails: a page per model of its lowest-margin cells and most confident "
+                          "IS errors, as H&E crops with their nearest SO / OS neighbours (reports/gallery/)"),
     "report": (_report, "the HTML report (reports/index.html), its tables (CSV, Markdown) and figures"),
     "validate": (_validate, "check params.yaml and what it points to (encoders, weights, references, CellViT++ "
                             "outputs, URLs, panel sizes); list every problem at once"),

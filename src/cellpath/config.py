@@ -191,6 +191,9 @@ class ProbeConfig(_Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     solver: Literal["auto", "scipy", "torch"] = "auto"  # auto: scipy per fit on the CPU, batched torch on CUDA
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+    #: per fitted IS run, the misclassified test cells kept with the highest predicted-class probability
+    #: (probe/is_errors.parquet, the failure gallery's second list); 0 keeps none
+    is_errors: Annotated[int, Field(ge=0, le=100_000)] = 50
 
     @model_validator(mode="after")
     def _every_protocol_has_seeds(self) -> "ProbeConfig":
@@ -270,6 +273,13 @@ class ReportConfig(_Strict):
     thumbnail_mpp: Annotated[float, Field(gt=0.0, le=50.0)] = 1.0     # crop resolution, µm/px
 
 
+class GalleryConfig(_Strict):
+    """The failure gallery (``gallery`` stage): a page per model of its worst-represented cells."""
+
+    cells: Annotated[int, Field(ge=1, le=200)] = 12  # per list: lowest CRoMa margins, most confident IS errors
+    crop_um: Annotated[float, Field(gt=0.0, le=500.0)] = 40.0  # crop side around the nucleus, µm
+
+
 def _scheduler_address(address: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", address):
         raise ValueError("expected a Dask scheduler address with its protocol, e.g. tcp://10.0.0.5:8786")
@@ -317,6 +327,7 @@ class Params(_Strict):
     probe: ProbeConfig = ProbeConfig()
     robustness: RobustnessConfig = RobustnessConfig()
     report: ReportConfig = ReportConfig()
+    gallery: GalleryConfig = GalleryConfig()
     mlflow: MlflowConfig = MlflowConfig()
     executor: ExecutorConfig = ExecutorConfig()
 

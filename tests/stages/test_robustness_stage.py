@@ -70,6 +70,33 @@ def test_margins_cover_every_cell_and_undefined_ones_are_counted(stage, tiny_fea
     assert margins["margin"].dropna().between(-1, 1).all()
 
 
+def test_margins_name_the_nearest_so_and_os_neighbours_that_decided_them(stage, tiny_features):
+    """SO: same type, other section; OS: other type, same section (the confounder is the section); never
+    the cell's own tile; the nearest distance is at most the mean of the m that make the margin."""
+    margins = pd.read_parquet(stage["reports"] / "robustness" / "margins.parquet")
+    panel = margins[margins["scope"] == "panel"]
+    types = panel.drop_duplicates(["section_id", "cell_id"]).set_index(["section_id", "cell_id"])["cell_type"]
+    defined = panel[panel["margin"].notna()]
+    assert defined[["so_cell_id", "os_cell_id"]].notna().all().all()
+    so_type = types.reindex(pd.MultiIndex.from_arrays([defined["so_section_id"], defined["so_cell_id"]])).to_numpy()
+    os_type = types.reindex(pd.MultiIndex.from_arrays([defined["os_section_id"], defined["os_cell_id"]])).to_numpy()
+    assert (so_type == defined["cell_type"].to_numpy()).all()
+    assert (defined["so_section_id"] != defined["section_id"]).all()
+    assert (os_type != defined["cell_type"].to_numpy()).all()
+    assert (defined["os_section_id"] == defined["section_id"]).all()
+    assert defined[["so_distance", "os_distance"]].ge(0).all().all()
+    from cellpath.features.panel import load_panel_cells
+
+    cells = load_panel_cells(tiny_features["data_dir"], stage["params"].panel).cells
+    tile = (cells["section_id"] + ":" + (cells["x_um"] // 40.0).astype(int).astype(str) + ":"
+            + (cells["y_um"] // 40.0).astype(int).astype(str))
+    tile = pd.Series(tile.to_numpy(), index=pd.MultiIndex.from_arrays([cells["section_id"], cells["cell_id"]]))
+    own = tile.reindex(pd.MultiIndex.from_arrays([defined["section_id"], defined["cell_id"]])).to_numpy()
+    for kind in ("so", "os"):
+        theirs = tile.reindex(pd.MultiIndex.from_arrays([defined[f"{kind}_section_id"], defined[f"{kind}_cell_id"]]))
+        assert (theirs.to_numpy() != own).all()  # never a cell of its own tile (the group)
+
+
 def test_low_margin_enrichment_and_shortcut(stage):
     reports = stage["reports"] / "robustness"
     enrichment = pd.read_csv(reports / "low_margin_enrichment.csv")

@@ -128,6 +128,26 @@ def probe_runs_parquet(reports: Path) -> Path:
     return probe_reports(reports) / "runs.parquet"
 
 
+def probe_is_errors_parquet(reports: Path) -> Path:
+    """The IS test cells each run misclassified most confidently: ``reports/probe/is_errors.parquet``."""
+    return probe_reports(reports) / "is_errors.parquet"
+
+
+def robustness_margins_parquet(reports: Path) -> Path:
+    """Every scored cell's CRoMa margin and nearest SO / OS neighbours: ``reports/robustness/margins.parquet``."""
+    return robustness_reports(reports) / "margins.parquet"
+
+
+def gallery_dir(reports: Path) -> Path:
+    """The failure gallery: ``reports/gallery/`` (a page per model and its crops)."""
+    return Path(reports) / "gallery"
+
+
+def gallery_index_json(reports: Path) -> Path:
+    """The gallery's pages per model and their counts: ``reports/gallery/index.json``."""
+    return gallery_dir(reports) / "index.json"
+
+
 def probe_metrics_json(reports: Path) -> Path:
     """The probe's DVC metrics: ``reports/metrics.json``."""
     return Path(reports) / "metrics.json"

@@ -42,6 +42,18 @@ def read_section_obs(data_dir: Path, section_id: str) -> pd.DataFrame:
     return read_elem(zarr.open_group(path, mode="r")["obs"])
 
 
+def read_section_meta(data_dir: Path, section_id: str) -> dict:
+    """The ingested section's metadata (``uns["section"]``: H&E geometry, alignment, pixel size), without
+    reading its count matrix."""
+    import zarr
+    from anndata.io import read_elem
+
+    path = section_zarr(data_dir, section_id) / "tables" / "table"
+    if not path.is_dir():
+        raise InputError("section table not found; rerun `cellpath ingest`", path=path, section=section_id)
+    return read_elem(zarr.open_group(path, mode="r")["uns"])["section"]
+
+
 def sections_to_extract(data_dir: Path) -> pd.DataFrame:
     """Ingested sections that annotation did not exclude (with their H&E geometry)."""
     index = read_section_index(data_dir)

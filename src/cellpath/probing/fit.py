@@ -104,6 +104,7 @@ class ProbeResult:
     converged: bool        # every C of the grid met the tolerance
     fit_seconds: float
     test_pred: np.ndarray  # predicted label per test cell (a class index of the taxonomy)
+    test_confidence: np.ndarray  # its probability under the chosen C (softmax over the task's classes)
 
 
 def binary_factor(n_classes: int) -> float:
@@ -399,8 +400,9 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
         scored = [_score_task(source, y, task, fit.weights[b], scalers[b], c_grid, chunk_rows)
                   for b, task in enumerate(batch)]
         share = (time.perf_counter() - started) / len(batch)
-        for b, (i, (chosen, val_f1, scores, pred)) in enumerate(zip(group, scored)):
-            results[i] = ProbeResult(chosen, *scores, val_f1, int(iterations[b]), bool(converged[b]), share, pred)
+        for b, (i, (chosen, val_f1, scores, pred, confidence)) in enumerate(zip(group, scored)):
+            results[i] = ProbeResult(chosen, *scores, val_f1, int(iterations[b]), bool(converged[b]), share, pred,
+                                     confidence)
     return results  # type: ignore[return-value]
 
 
@@ -438,9 +440,10 @@ def _fit_task_scipy(source: RowSource, y: np.ndarray, n_classes: int, task: Prob
             c_grid, max_iter, tol)
     weights = np.zeros((len(c_grid), width + 1, n_classes))
     weights[:, :, task.classes] = own
-    chosen, val_f1, scores, pred = _score_task(source, y, task, torch.from_numpy(weights), scaler, c_grid, chunk_rows)
+    chosen, val_f1, scores, pred, confidence = _score_task(source, y, task, torch.from_numpy(weights), scaler,
+                                                           c_grid, chunk_rows)
     return ProbeResult(chosen, *scores, val_f1, int(iterations.max()), bool(converged.all()),
-                       time.perf_counter() - started, pred)
+                       time.perf_counter() - started, pred, confidence)
 
 
 def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],
@@ -456,7 +459,9 @@ def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.n
 
 def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
                 scaler: tuple[np.ndarray, np.ndarray], c_grid,
-                chunk_rows: int) -> tuple[float, float, tuple, np.ndarray]:
+                chunk_rows: int) -> tuple[float, float, tuple, np.ndarray, np.ndarray]:
+    """Select C on validation Macro-F1 and score the test cells: (C, its validation Macro-F1, the test
+    scores, each test cell's predicted class index and that class's probability)."""
     with torch.no_grad():
         val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes, chunk_rows)
         val_f1 = [macro_f1(y[task.val], task.classes[p.argmax(axis=1)], task.classes) for p in val_prob]
@@ -464,4 +469,5 @@ def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torc
         test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes,
                                          chunk_rows)[0]
     scores = macro_scores(y[task.test], test_prob, task.classes)
-    return float(c_grid[best]), float(val_f1[best]), scores, task.classes[test_prob.argmax(axis=1)]
+    return (float(c_grid[best]), float(val_f1[best]), scores, task.classes[test_prob.argmax(axis=1)],
+            test_prob.max(axis=1))

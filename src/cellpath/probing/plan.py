@@ -105,9 +105,16 @@ def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfi
     return runs
 
 
+#: Columns of the confident-error table (:func:`fit_condition`; ``probe/is_errors.parquet`` adds the model keys).
+ERROR_COLUMNS = ["taxonomy", "protocol", "unit", "seed", "section_id", "cell_id", "true_class", "predicted_class",
+                 "confidence"]
+
+
 def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[PlannedRun],
-                  cfg: ProbeConfig) -> pd.DataFrame:
-    """Fit every planned run of one taxonomy on one feature matrix or row source; one row per run (skipped ones too)."""
+                  cfg: ProbeConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fit every planned run of one taxonomy on one feature matrix or row source: one row per run
+    (skipped ones too), and per fitted IS run its ``cfg.is_errors`` most confidently misclassified
+    test cells (``ERROR_COLUMNS``; highest predicted-class probability first, ties in test order)."""
     taxonomy = runs[0].taxonomy
     codes, names = class_codes(cells[taxonomy])
     active = [run for run in runs if run.task is not None]
@@ -115,7 +122,7 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
                         max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb,
                         solver=cfg.solver)
     by_run = {id(run): result for run, result in zip(active, results)}
-    rows = []
+    rows, errors = [], []
     for run in runs:
         row = run.row(names)
         result = by_run.get(id(run))
@@ -124,10 +131,28 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
                     "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
                     "lbfgs_iterations": result.iterations, "converged": result.converged,
                     "fit_seconds": result.fit_seconds}
+            if run.protocol == "is" and cfg.is_errors:
+                errors.append(confident_errors(cells, run, result, codes, names, cfg.is_errors))
         rows.append(row)
     columns = [c for c in RUN_COLUMNS if c not in ("model", "magnification", "readout")]  # the caller's keys
     frame = pd.DataFrame(rows).reindex(columns=columns)  # every column, even when every run is skipped
-    return frame.astype({"lbfgs_iterations": "Int64", "converged": "boolean"})
+    error_frame = (pd.concat(errors, ignore_index=True) if errors else pd.DataFrame()).reindex(columns=ERROR_COLUMNS)
+    return frame.astype({"lbfgs_iterations": "Int64", "converged": "boolean"}), error_frame
+
+
+def confident_errors(cells: pd.DataFrame, run: PlannedRun, result, codes: np.ndarray, names: list[str],
+                     limit: int) -> pd.DataFrame:
+    """The ``limit`` misclassified test cells of one fitted run with the highest predicted-class
+    probability (``ERROR_COLUMNS``)."""
+    test = run.task.test
+    wrong = np.flatnonzero(result.test_pred != codes[test])
+    chosen = wrong[np.argsort(-result.test_confidence[wrong], kind="stable")[:limit]]
+    rows = test[chosen]
+    return pd.DataFrame({"taxonomy": run.taxonomy, "protocol": run.protocol, "unit": run.unit, "seed": run.seed,
+                         "section_id": cells["section_id"].to_numpy()[rows], "cell_id": cells["cell_id"].to_numpy()[rows],
+                         "true_class": np.asarray(names, dtype=object)[codes[rows]],
+                         "predicted_class": np.asarray(names, dtype=object)[result.test_pred[chosen]],
+                         "confidence": result.test_confidence[chosen].astype(float)})
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,14 @@ class TypedNeighbours:
     """Cosine distances to the m nearest SO and m nearest OS neighbours, ascending, inf-padded.
 
     SO: same biology, other confounder. OS: other biology, same confounder. Both exclude the
-    anchor's own group.
+    anchor's own group. ``so_index`` / ``os_index``: the row positions of those neighbours (-1
+    where a distance is inf), for showing which cells decided a margin.
     """
 
     so: np.ndarray
     os: np.ndarray
+    so_index: np.ndarray
+    os_index: np.ndarray
 
 
 class RowSource(ABC):
@@ -256,8 +259,8 @@ def scan_neighbours(
     query_groups = groups[anchor_rows]
     n_groups = int(groups.max()) + 1 if n else 0
     blocks = [] if m is None else _anchor_blocks(biology[anchor_rows], confounder[anchor_rows])
-    so = None if m is None else np.full((len(anchor_rows), m), np.inf)
-    os_ = None if m is None else np.full((len(anchor_rows), m), np.inf)
+    typed = None if m is None else {kind: (np.full((len(anchor_rows), m), np.inf),
+                                           np.full((len(anchor_rows), m), -1, dtype=np.int64)) for kind in ("so", "os")}
     knn_distance = None if k is None else np.full((len(anchor_rows), k), np.inf)
     knn_index = None if k is None else np.full((len(anchor_rows), k), -1, dtype=np.int64)
     for start in range(0, n, candidate_rows):
@@ -266,15 +269,18 @@ def scan_neighbours(
         chunk_groups = groups[chunk]
         for b, c, in_block in blocks:
             block_biology, block_confounder = biology[chunk] == b, confounder[chunk] == c
-            for best, candidates in ((so, block_biology & ~block_confounder), (os_, block_confounder & ~block_biology)):
-                distance, _ = _search_subset(vectors, np.flatnonzero(candidates), chunk_groups, n_groups,
-                                             queries[in_block], query_groups[in_block], m, chunk_size)
-                best[in_block] = np.sort(np.concatenate([best[in_block], distance], axis=1), axis=1)[:, :m]
+            for kind, candidates in (("so", block_biology & ~block_confounder), ("os", block_confounder & ~block_biology)):
+                distance, hits = _search_subset(vectors, np.flatnonzero(candidates), chunk_groups, n_groups,
+                                                queries[in_block], query_groups[in_block], m, chunk_size)
+                best_distance, best_index = typed[kind]
+                best_distance[in_block], best_index[in_block] = _merge_hits(
+                    best_distance[in_block], best_index[in_block], distance, np.where(hits >= 0, chunk[hits], -1))
         if k is not None:
             distance, hits = _search_subset(vectors, np.arange(len(chunk)), chunk_groups, n_groups, queries,
                                             query_groups, k, chunk_size)
             knn_distance, knn_index = _merge_hits(knn_distance, knn_index, distance, np.where(hits >= 0, chunk[hits], -1))
-    return (None if m is None else TypedNeighbours(so=so, os=os_),
+    return (None if m is None else TypedNeighbours(so=typed["so"][0], os=typed["os"][0], so_index=typed["so"][1],
+                                                   os_index=typed["os"][1]),
             None if k is None else Neighbours(index=knn_index, distance=knn_distance))
 
 

@@ -51,7 +51,9 @@ class RobustnessScores:
     ``anchors``: None when every sample was scored; else the row positions of the scored anchors,
     and every per-sample array follows them (``sampling.py``: the panel-scale estimator).
     ``ri_parts`` / ``mari_parts``: per-anchor (SO, SO + OS) evidence, which the pooled RI / MaRI are
-    ratios of sums of (for bootstrap intervals).
+    ratios of sums of (for bootstrap intervals). ``nearest_so`` / ``nearest_os``: per scored sample,
+    the row of its nearest SO and OS neighbour (-1 where it has none) and ``nearest_so_distance`` /
+    ``nearest_os_distance`` their cosine distances: the cells a margin is decided by.
     """
 
     m: int
@@ -77,6 +79,10 @@ class RobustnessScores:
     anchors: np.ndarray | None = None
     ri_parts: tuple[np.ndarray, np.ndarray] | None = None
     mari_parts: tuple[np.ndarray, np.ndarray] | None = None
+    nearest_so: np.ndarray | None = None
+    nearest_os: np.ndarray | None = None
+    nearest_so_distance: np.ndarray | None = None
+    nearest_os_distance: np.ndarray | None = None
 
     @property
     def n_undefined(self) -> int:
@@ -178,6 +184,8 @@ def score_embeddings(
         tau=mari.tau, ri_samples=ri.samples, mari_samples=mari.samples,
         bio_bacc=bio_curve[k_used], conf_bacc=conf_bacc, bio_bacc_by_k=bio_curve, anchors=rows,
         ri_parts=(ri.so_weight, ri.typed_weight), mari_parts=(mari.so_weight, mari.typed_weight),
+        nearest_so=typed.so_index[:, 0], nearest_os=typed.os_index[:, 0], nearest_so_distance=typed.so[:, 0],
+        nearest_os_distance=typed.os[:, 0],
     )
 
 

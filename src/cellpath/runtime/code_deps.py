@@ -24,7 +24,8 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/cellpath
 #: Data folders of the package that a module reads at run time (not imports): module → folder.
-RESOURCES = {"annotation/ontology.py": "annotation/data", "published/__init__.py": "data/published"}
+RESOURCES = {"annotation/ontology.py": "annotation/data", "published/__init__.py": "data/published",
+             "report/render.py": "report/templates", "report/gallery.py": "report/templates"}
 #: Numerical libraries whose versions enter a fingerprint: they change results as code does.
 LIBRARIES = ("numpy", "scipy", "pandas", "pyarrow", "torch", "timm", "scikit-learn", "faiss-cpu", "faiss-gpu-cu12")
 

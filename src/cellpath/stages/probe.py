@@ -4,6 +4,8 @@ table, the paper's summaries, ``reports/metrics.json`` and the MLflow runs.
 Outputs (paths relative to the reports folder):
 
 - ``probe/runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
+- ``probe/is_errors.parquet``: per fitted IS run, its ``probe.is_errors`` most confidently
+  misclassified test cells (model keys + ``probing.plan.ERROR_COLUMNS``), for the failure gallery;
 - ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC) with
   its 95% bootstrap interval (``low``, ``high``);
 - ``probe/cra.csv``, ``probe/cra_pooled.csv`` (with its interval), ``probe/wins.csv`` (the paper's
@@ -31,9 +33,9 @@ from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import (TIMING_NAME, features_dir, panels_csv, probe_metrics_json, probe_reports,
-                                probe_runs_parquet, stage_log)
-from cellpath.probing.plan import RUN_COLUMNS, fit_condition, plan_runs
+from cellpath.io.layout import (TIMING_NAME, features_dir, panels_csv, probe_is_errors_parquet, probe_metrics_json,
+                                probe_reports, probe_runs_parquet, stage_log)
+from cellpath.probing.plan import ERROR_COLUMNS, RUN_COLUMNS, fit_condition, plan_runs
 from cellpath.probing.protocols import IS_EXCLUSION_RULES
 from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, run_tasks, thread_settings
@@ -67,11 +69,12 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
                 for run in runs:
                     unavailable[run.protocol] += missing
     context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
-    frames = []
+    frames, error_frames = [], []
     with Tracker(params.mlflow, "probe", root, stage_log(reports, "probe")) as tracker:
         outcomes = run_tasks(tasks, params.executor)
         for outcome in outcomes:  # in task order: the run table does not depend on the executor
-            shard = pd.read_parquet(outcome.output)
+            shard = pd.read_parquet(outcome.output / "runs.parquet")
+            error_frames.append(pd.read_parquet(outcome.output / "is_errors.parquet"))
             for _, frame in shard.groupby(["readout", "taxonomy"], sort=False):
                 frame = frame.reset_index(drop=True)
                 frames.append(frame)
@@ -87,7 +90,8 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
             tracker.add_metrics(name, comparison)
         counts = run_counts(runs_table, unavailable)
         metrics = headline_metrics(runs_table, summaries, magnifications)
-        write_outputs(reports, runs_table, summaries, counts, metrics)
+        errors = pd.concat(error_frames, ignore_index=True).reindex(columns=ERROR_KEYS)
+        write_outputs(reports, runs_table, errors, summaries, counts, metrics)
         tracker.finish(stage_params(params, magnifications), flat_metrics(counts, "runs/"),
                        [probe_runs_parquet(reports), probe_metrics_json(reports)])
     prune(context.parent, [context, *(task.output for task in tasks)])
@@ -155,29 +159,37 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
             material = basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
                                 "features": inputs}
             tasks.append(shard_task("probe", f"{spec.slug} {magnification}", material, probe_shard,
-                                    (context, features, spec, magnification, cfg), work, suffix=".parquet",
-                                    gpu=cfg.device == "cuda"))
+                                    (context, features, spec, magnification, cfg), work, gpu=cfg.device == "cuda"))
     return context, tasks
 
 
 def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, magnification: str,
                 cfg: ProbeConfig) -> None:
-    """Task: fit every planned run of one encoder at one magnification; its rows to ``out`` (Parquet).
-    Features are read from the memory-mapped store as each fit needs them (``probe.batch_memory_mb``)."""
+    """Task: fit every planned run of one encoder at one magnification; writes ``out/`` with its run
+    rows (``runs.parquet``) and IS confident errors (``is_errors.parquet``). Features are read from the
+    memory-mapped store as each fit needs them (``probe.batch_memory_mb``)."""
     panel, plans = read_context(context)
     base = PanelFeatures(features, spec.slug, magnification, panel)
-    frames = []
+    frames, error_frames = [], []
     for readout in cfg.readouts:
         if not readout_available(spec, readout):
             continue
         x = base.readout(readout)
         for taxonomy, runs in plans[magnification].items():
             started = time.perf_counter()
-            frame = fit_condition(x, panel.cells, runs, cfg)
+            frame, errors = fit_condition(x, panel.cells, runs, cfg)
             log.info("probe %s %s %s %s: %d runs fitted in %.1f s", spec.name, magnification, readout, taxonomy,
                      int((frame["status"] == "ok").sum()), time.perf_counter() - started)
             frames.append(frame.assign(model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
-    pd.concat(frames, ignore_index=True).to_parquet(out, index=False)
+            error_frames.append(errors.assign(model=spec.name, magnification=magnification, readout=readout))
+    out.mkdir()
+    pd.concat(frames, ignore_index=True).to_parquet(out / "runs.parquet", index=False)
+    errors = pd.concat(error_frames, ignore_index=True) if error_frames else pd.DataFrame()
+    errors.reindex(columns=ERROR_KEYS).to_parquet(out / "is_errors.parquet", index=False)
+
+
+#: ``probe/is_errors.parquet``'s columns: the model keys, then the run's and the cell's.
+ERROR_KEYS = ["model", "magnification", "readout", *ERROR_COLUMNS]
 
 
 #: MLflow logs the probe's scores in percentage points, as the report shows them.
@@ -355,13 +367,15 @@ def stage_params(params: Params, magnifications: list[str]) -> dict:
             "min_test_cells": cfg.min_test_cells.model_dump_json(), "device": cfg.device}
 
 
-def write_outputs(reports: Path, runs: pd.DataFrame, summaries: dict[str, pd.DataFrame], counts: dict,
-                  metrics: dict) -> None:
-    """The probe folder (run table, summaries, counts) and metrics.json, each written atomically."""
+def write_outputs(reports: Path, runs: pd.DataFrame, errors: pd.DataFrame, summaries: dict[str, pd.DataFrame],
+                  counts: dict, metrics: dict) -> None:
+    """The probe folder (run table, IS confident errors, summaries, counts) and metrics.json, each
+    written atomically."""
     reports.mkdir(parents=True, exist_ok=True)
     with atomic_output(probe_reports(reports)) as out:
         out.mkdir()
         runs.to_parquet(out / probe_runs_parquet(reports).name, index=False)
+        errors.to_parquet(out / probe_is_errors_parquet(reports).name, index=False)
         for name, frame in summaries.items():
             frame.to_csv(out / f"{name}.csv", index=False)
         (out / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")

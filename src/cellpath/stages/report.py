@@ -22,8 +22,9 @@ from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.features.encoders.registry import selected_encoders
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import (COUNTS_NAME, label_summary_csv, panels_csv, probe_reports, probe_runs_parquet, raw_dir,
-                                report_figures, report_html, report_tables, robustness_reports)
+from cellpath.io.layout import (COUNTS_NAME, gallery_dir, gallery_index_json, label_summary_csv, panels_csv, probe_reports, probe_runs_parquet, raw_dir,
+                                report_figures, report_html, report_tables, robustness_margins_parquet,
+                                robustness_reports)
 from cellpath.io.sections import read_section_index
 from cellpath.published import load_published
 from cellpath.published.reference import (RunConfiguration, comparability, placement, published_condition,
@@ -85,6 +86,7 @@ class ReportInputs:
     registry: pd.DataFrame
     published: pd.DataFrame  # the paper's results (cellpath.published)
     run_configuration: RunConfiguration
+    gallery: dict | None  # reports/gallery/index.json (None: the gallery stage has not run)
 
 
 def _read(path: Path, stage: str, reader=pd.read_csv, **kwargs):
@@ -99,15 +101,17 @@ def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
     counts = json.loads(_read(probe_reports(reports) / COUNTS_NAME, "probe", reader=Path.read_text))
     runs = _read(probe_runs_parquet(reports), "probe", reader=pd.read_parquet)
     robustness = {name: _read(robustness_reports(reports) / f"{name}.csv", "robustness") for name in ROBUSTNESS_FILES}
-    margins = _read(robustness_reports(reports) / "margins.parquet", "robustness", reader=pd.read_parquet,
+    margins = _read(robustness_margins_parquet(reports), "robustness", reader=pd.read_parquet,
                     columns=["model", "magnification", "readout", "taxonomy", "scope", "unit", "margin"])
     label_summary = _read(label_summary_csv(data_dir), "annotate")
     panels = _read(panels_csv(data_dir), "concordance")
     registry = pd.DataFrame([{"slug": s.slug, "name": s.name, "type": s.type, "params": s.params,
                               "pretrain_wsi_equivalent": s.pretrain_wsi_equivalent, "architecture": s.architecture}
                              for s in selected_encoders(params.extract.registry, params.extract.encoders)])
+    index = gallery_index_json(reports)
+    gallery = json.loads(index.read_text()) if index.is_file() else None
     return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry, load_published(),
-                        run_configuration(params, panels))
+                        run_configuration(params, panels), gallery)
 
 
 def run_configuration(params: Params, panels: pd.DataFrame) -> RunConfiguration:
@@ -433,8 +437,10 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         {"what": "MLflow", "text": "a parent run per stage execution with its log, a child run per condition (model, "
          "magnification, readout, taxonomy, protocol as params; scores in pp) to filter and compare models:",
          "command": "make ui  # http://127.0.0.1:5000"},
-        {"what": "Per-cell robustness", "text": "every scored cell's CRoMa margin:",
-         "command": "reports/robustness/margins.parquet"},
+        {"what": "Per-cell robustness", "text": "every scored cell's CRoMa margin and the nearest SO / OS neighbours "
+         "that decided it:", "command": "reports/robustness/margins.parquet"},
+        {"what": "Where models fail", "text": "a page per model of H&E crops (below); the IS test cells each run "
+         "misclassified most confidently:", "command": "reports/gallery/; reports/probe/is_errors.parquet"},
     ]
     by_name = {name: table for name, (table, _) in built.items()}
     ran = ", ".join(p.upper() for p in protocols) or "none"
@@ -462,7 +468,17 @@ def page_context(params: Params, inputs: ReportInputs, built: dict, magnificatio
         "enrichment_table": by_name["low_margin_enrichment"],
         "class_table": by_name["class_counts"], "candidates_table": by_name["panels"],
         "figures": pngs, "pareto_figures": paretos, "thumbnails": thumbs, "where": where, "glossary": GLOSSARY,
+        "gallery": gallery_links(inputs.gallery),
     }
+
+
+def gallery_links(index: dict | None) -> list[dict] | None:
+    """Per model, its gallery page (relative to the report) and what it shows; None without a gallery."""
+    if index is None:
+        return None
+    return [{"model": model, "href": f"{gallery_dir(Path('.')).name}/{entry['page']}",
+             "lists": [f"{item['title']} ({item['cells']})" for item in entry["lists"]]}
+            for model, entry in sorted(index["models"].items())]
 
 
 def _header_notes(panels: pd.DataFrame) -> list[str]:

@@ -15,7 +15,8 @@ accuracy over the candidate k's; the shared k is the lower median of the models'
   a unit of more than ``robustness.full_max_cells`` cells is scored on ``robustness.anchors``
   stratified anchors, each searched against every cell, and its median, F(0), LTM, RI and MaRI
   carry bootstrap 95 % intervals (``<metric>_low`` / ``_high``; NaN where every cell was scored);
-- ``robustness/margins.parquet``: every scored cell's CRoMa margin (NaN where undefined) for failure analysis;
+- ``robustness/margins.parquet``: every scored cell's CRoMa margin (NaN where undefined) and its nearest
+  SO and OS neighbours (section, cell id, cosine distance), for failure analysis and the gallery;
 - ``robustness/low_margin_enrichment.csv``: cell type, organ and section shares of the worst decile;
 - ``robustness/shortcut.csv``: the shortcut probe's accuracy curves, ``shortcut_summary.csv`` APD / nIPD;
 - ``robustness/agreement.csv``: rank agreement of the metrics across models (and with nIPD);
@@ -42,8 +43,8 @@ from cellpath.features.panel import PanelCells, PanelFeatures, ReadoutRows, enco
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import (features_dir, robustness_metrics_json, robustness_reports, section_index_csv,
-                                section_zarr, stage_log)
+from cellpath.io.layout import (features_dir, robustness_margins_parquet, robustness_metrics_json, robustness_reports,
+                                section_index_csv, section_zarr, stage_log)
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.neighbours import RowSource, candidate_rows_for
 from cellpath.robustness.sensitivity import SWEEP_COLUMNS, sensitivity_agreement
@@ -255,7 +256,8 @@ def robustness_shard(out: Path, context: Path, data_dir: Path, specs: list[Encod
                     rows.append({"model": spec.name, **condition, "confounder": cfg.confounder,
                                  "n_cells": len(unit_rows), **result.summary(), "k_selected": own_k,
                                  **_intervals(result, unit_data, cfg), "seconds": seconds})
-                    margins = _margin_frame(cells.iloc[scored], result.margins, spec.name, condition, taxonomy)
+                    margins = _margin_frame(cells.iloc[unit_rows], scored_positions(unit_data), result, spec.name,
+                                            condition, taxonomy)
                     margin_frames.append(margins)
                     enrichment = low_margin_enrichment(result.margins, margins,
                                                        columns=("cell_type", "organ", "section_id"),
@@ -366,10 +368,28 @@ def _sensitivity(spec: EncoderSpec, unit: _UnitData, margins: np.ndarray, cfg: R
     return frames
 
 
-def _margin_frame(cells: pd.DataFrame, margins: np.ndarray, model: str, condition: dict, taxonomy: str) -> pd.DataFrame:
-    return pd.DataFrame({"model": model, **condition, "cell_id": cells["cell_id"].to_numpy(),
-                         "section_id": cells["section_id"].to_numpy(), "organ": cells["organ"].to_numpy(),
-                         "cell_type": cells[taxonomy].to_numpy(), "margin": margins})
+def scored_positions(unit: _UnitData) -> np.ndarray:
+    """Positions in the unit of the cells scored: every cell, or the anchors."""
+    return np.arange(len(unit.biology)) if unit.anchors is None else unit.anchors
+
+
+def _margin_frame(unit_cells: pd.DataFrame, scored: np.ndarray, result, model: str, condition: dict,
+                  taxonomy: str) -> pd.DataFrame:
+    """One row per scored cell: its CRoMa margin and the nearest SO and OS neighbours that decided
+    it (``so_section_id``, ``so_cell_id``, ``so_distance``, and the same for OS; empty where none)."""
+    cells = unit_cells.iloc[scored]
+    frame = pd.DataFrame({"model": model, **condition, "cell_id": cells["cell_id"].to_numpy(),
+                          "section_id": cells["section_id"].to_numpy(), "organ": cells["organ"].to_numpy(),
+                          "cell_type": cells[taxonomy].to_numpy(), "margin": result.margins})
+    for kind, nearest, distance in (("so", result.nearest_so, result.nearest_so_distance),
+                                    ("os", result.nearest_os, result.nearest_os_distance)):
+        found = nearest >= 0
+        for column in ("section_id", "cell_id"):
+            values = np.full(len(nearest), None, dtype=object)
+            values[found] = unit_cells[column].to_numpy()[nearest[found]]
+            frame[f"{kind}_{column}"] = values
+        frame[f"{kind}_distance"] = np.where(found, distance, np.nan)
+    return frame
 
 
 def _shortcut(params: Params, outcomes: list) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -455,7 +475,7 @@ def _write(reports: Path, summary: pd.DataFrame, margins: pd.DataFrame, enrichme
     with atomic_output(robustness_reports(reports)) as out:
         out.mkdir()
         summary.to_csv(out / "summary.csv", index=False)
-        margins.to_parquet(out / "margins.parquet", index=False)
+        margins.to_parquet(out / robustness_margins_parquet(reports).name, index=False)
         enrichment.to_csv(out / "low_margin_enrichment.csv", index=False)
         curves.to_csv(out / "shortcut.csv", index=False)
         shortcut.to_csv(out / "shortcut_summary.csv", index=False)

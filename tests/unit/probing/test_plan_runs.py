@@ -92,3 +92,38 @@ def test_unknown_protocol_lists_the_valid_ones():
     data = tiny_params().model_dump(mode="json") | {"protocol": "xval"}
     with pytest.raises(ConfigError, match="protocol.*'all', 'is', 'iocd', 'mocv' or 'looo'"):
         parse_params(data)
+
+
+def test_confident_errors_are_each_is_runs_most_confident_misclassified_test_cells():
+    """Checked against an independent fit: scikit-learn's LogisticRegression at the run's chosen C, on the
+    run's standardised training rows, predicts the same classes and probabilities."""
+    from sklearn.linear_model import LogisticRegression
+
+    from cellpath.probing.plan import ERROR_COLUMNS, fit_condition
+
+    cells = _cells(seed=4).assign(cell_id=lambda f: [f"cell-{i}" for i in range(len(f))])
+    rng = np.random.default_rng(5)
+    codes, names = class_codes(cells["fine"])
+    x = (rng.standard_normal((3, 6))[codes] * 0.6 + rng.standard_normal((len(cells), 6))).astype(np.float32)
+    cfg = _cfg(is_errors=4, c_grid=[0.1, 1.0], tol=1e-10)
+    runs = [run for run in plan_runs(cells, "is", "fine", cfg) if run.task is not None][:3] \
+        + plan_runs(cells, "iocd", "fine", cfg)[:1]
+    frame, errors = fit_condition(x, cells, runs, cfg)
+    assert list(errors.columns) == ERROR_COLUMNS
+    assert set(errors["protocol"]) == {"is"}  # other protocols keep none
+    for run, row in zip(runs[:3], frame.itertuples()):
+        task = run.task
+        mean, sd = x[task.train].mean(axis=0), x[task.train].std(axis=0)
+        model = LogisticRegression(C=row.chosen_c, tol=1e-12, max_iter=10000)
+        model.fit((x[task.train] - mean) / sd, codes[task.train])
+        probabilities = model.predict_proba((x[task.test] - mean) / sd)
+        predicted = model.classes_[probabilities.argmax(axis=1)]
+        wrong = np.flatnonzero(predicted != codes[task.test])
+        expected = wrong[np.argsort(-probabilities.max(axis=1)[wrong], kind="stable")][:4]
+        mine = errors[(errors["unit"] == run.unit) & (errors["seed"] == run.seed)]
+        assert len(mine) == min(4, len(wrong)) > 0
+        assert mine["cell_id"].tolist() == cells["cell_id"].to_numpy()[task.test[expected]].tolist()
+        np.testing.assert_allclose(mine["confidence"], probabilities.max(axis=1)[expected], atol=1e-4)
+        assert (mine["true_class"] != mine["predicted_class"]).all()
+        assert mine["true_class"].tolist() == [names[c] for c in codes[task.test[expected]]]
+        assert mine["confidence"].is_monotonic_decreasing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,7 +15,7 @@ import yaml
 from cellpath.config import parse_params
 from cellpath.report import tables
 from cellpath.report.thumbnails import crop_bounds, section_thumbnail
-from cellpath.stages.probe import headline_metrics, run_counts, summarise, write_outputs
+from cellpath.stages.probe import ERROR_KEYS, headline_metrics, run_counts, summarise, write_outputs
 from cellpath.stages.report import load_inputs
 from cellpath.stages.report import run as run_report_stage
 from helpers.browser import CHROMIUM, dump_dom, screenshot
@@ -122,7 +123,8 @@ def constructed(tmp_path_factory):
     runs = constructed_runs()
     summaries = summarise(runs, ["20x"], NESTED)
     counts = run_counts(runs, {p: 0 for p in ("is", "iocd", "mocv", "looo")})
-    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, ["20x"]))
+    write_outputs(root / "reports", runs, pd.DataFrame(columns=ERROR_KEYS), summaries, counts,
+                  headline_metrics(runs, summaries, ["20x"]))
     _robustness_outputs(root / "reports" / "robustness")
     _data_outputs(root / "data")
     return {"root": root, "params": params, "runs": runs}
@@ -256,6 +258,21 @@ def test_every_section_and_output_is_present(page):
     assert sensitivity.loc["m 5 vs 1", "< 0 at x / y"] == "0 / 3" and "Sensitivity to m and α" in html
 
 
+def test_the_failure_gallery_is_linked_when_it_exists_and_its_absence_said(constructed, page, tmp_path):
+    assert 'id="gallery-missing"' in page["path"].read_text()  # the constructed run has no gallery
+    root = tmp_path / "project"
+    shutil.copytree(constructed["root"] / "data", root / "data")
+    shutil.copytree(constructed["root"] / "reports", root / "reports", ignore=shutil.ignore_patterns("index.html"))
+    (root / "reports" / "gallery").mkdir()
+    (root / "reports" / "gallery" / "index.json").write_text(json.dumps({"crop_um": 40.0, "models": {
+        "random-vit-t16": {"page": "random-vit-t16.html", "lists": [
+            {"kind": "margins", "title": "Lowest CRoMa margins · 20x Nuc Tfine", "cells": 12}]}},
+        "nuclei_drawn_as_circles": 0}))
+    html = run_report_stage(constructed["params"], root / "data", root / "reports", root=root).read_text()
+    assert '<a href="gallery/random-vit-t16.html">random-vit-t16</a>' in html
+    assert "Lowest CRoMa margins · 20x Nuc Tfine (12)" in html and 'id="gallery-missing"' not in html
+
+
 def test_missing_input_names_the_file_and_the_stage(constructed, tmp_path):
     shutil.copytree(constructed["root"] / "reports", tmp_path / "reports")
     (tmp_path / "reports" / "probe" / "cra_pooled.csv").unlink()
@@ -321,7 +338,8 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
     summaries = summarise(runs, ["20x"], NESTED)
     counts = run_counts(runs, {"mocv": 0})
     root = tmp_path
-    write_outputs(root / "reports", runs, summaries, counts, headline_metrics(runs, summaries, ["20x"]))
+    write_outputs(root / "reports", runs, pd.DataFrame(columns=ERROR_KEYS), summaries, counts,
+                  headline_metrics(runs, summaries, ["20x"]))
     shutil.copytree(constructed["root"] / "reports" / "robustness", root / "reports" / "robustness")
     for name in ("shortcut", "shortcut_summary"):
         header = (root / "reports" / "robustness" / f"{name}.csv").read_text().splitlines()[0]

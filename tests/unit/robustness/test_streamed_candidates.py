@@ -100,3 +100,23 @@ def test_shortcut_sweep_from_a_source_equals_the_array_and_reads_held_out_rows_i
     assert streamed.held_out.shape == (len(streamed.cramers_v), 2)
     held_out_reads = source.reads[-(n // 2 // 150):]  # sections 2 and 3, after every fit
     assert held_out_reads == [150] * (n // 2 // 150)
+
+
+@pytest.mark.parametrize("candidate_rows", [97, 4096])
+def test_typed_neighbour_rows_are_the_brute_force_nearest_of_their_type(candidate_rows):
+    """The rows a margin was decided by: for every anchor, the m nearest SO (same type, other section)
+    and OS (other type, same section) candidates outside its patch, as a dense n x n search finds them."""
+    x, cell_type, section, group = _panel(n=600)
+    unit = l2_normalise(x.astype(np.float32))
+    typed, _ = scan_neighbours(unit, group, cell_type, section, m=5, candidate_rows=candidate_rows)
+    distance = np.clip(1.0 - unit.astype(np.float64) @ unit.T.astype(np.float64), 0.0, 2.0)
+    for i in range(len(x)):
+        other_group = group != group[i]
+        for kind, allowed in (("so", (cell_type == cell_type[i]) & (section != section[i])),
+                              ("os", (cell_type != cell_type[i]) & (section == section[i]))):
+            rows, distances = getattr(typed, f"{kind}_index")[i], getattr(typed, kind)[i]
+            candidates = np.flatnonzero(allowed & other_group)
+            expected = np.sort(distance[i, candidates])[:5]
+            np.testing.assert_allclose(distances, expected, atol=1e-5)
+            assert np.isin(rows, candidates).all()  # the right type, never the anchor's own patch
+            np.testing.assert_allclose(distance[i, rows], distances, atol=1e-5)  # each row is at its distance
