@@ -9,6 +9,7 @@ and `dvc exp show` lists its metrics.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from helpers.project import HANG_GUARD_S
 pytestmark = pytest.mark.slow
 
 STAGES = {"validate", "fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x",
-          "extract@filterbank-dense-20x", "probe", "robustness", "report"}
+          "extract@filterbank-dense-20x", "probe", "robustness", "gallery", "report"}
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -65,6 +66,9 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert set(runs["protocol"]) == {"is", "mocv", "looo"}  # IOCD: no organ has two sections
     assert (runs["status"] == "ok").sum() > 0
     assert (work / "mlflow.db").is_file()  # the default tracking URI, relative to the project root
+    gallery = json.loads((work / "reports" / "gallery" / "index.json").read_text())
+    assert set(gallery["models"]) == {"filterbank-dense"}  # one page per default model
+    assert all((work / "reports" / "gallery" / page["page"]).is_file() for page in gallery["models"].values())
     for stage in ("fetch", "probe", "robustness", "report"):  # every stage writes its log
         assert "finished in" in (work / "reports" / "logs" / f"{stage}.log").read_text()
     robustness = pd.read_csv(work / "reports" / "robustness" / "summary.csv")
