@@ -172,7 +172,8 @@ def entry(rank: int, row: dict, keys: dict, sections: SectionCache, crop_um: flo
             continue
         neighbour_labels = sections.section(section_id)["labels"]
         kind_label = neighbour_labels.loc[cell_id, taxonomy] if cell_id in neighbour_labels.index else "?"
-        caption = [f"{kind.upper()} · {section_id} · {cell_id}", f"{kind_label}; d = {row[f'{kind}_distance']:.3f}"]
+        distance = row[f"{kind}_distance"]  # cosine; 3 significant digits, so a near-duplicate does not read as 0
+        caption = [f"{kind.upper()} · {section_id} · {cell_id}", f"{kind_label}; cosine distance {distance:.3g}"]
         setattr(result, kind, Crop(section_id, cell_id, _write_crop(sections, section_id, cell_id, mpp, crop_um, folder,
                                                                     f"{stem}-{kind}"), caption))
     return result
