@@ -149,7 +149,7 @@ def _finished_sections(work: Path, magnification: str) -> Callable[[], list[str]
 
 def _finished_shards(work: Path) -> Callable[[], list[str]]:
     folder = work / "data" / ".work" / "probe"
-    return lambda: sorted(p.name for p in folder.glob("probe-*") if p.is_dir())  # a shard folder exists once complete
+    return lambda: sorted(p.name for p in folder.glob("probe-*") if p.is_dir())  # complete (partials are hidden)
 
 
 @pytest.fixture(scope="module")

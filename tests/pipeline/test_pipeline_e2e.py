@@ -67,7 +67,7 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     assert (runs["status"] == "ok").sum() > 0
     assert (work / "mlflow.db").is_file()  # the default tracking URI, relative to the project root
     gallery = json.loads((work / "reports" / "gallery" / "index.json").read_text())
-    assert set(gallery["models"]) == {"filterbank-dense"}  # one page per default model
+    assert set(gallery["models"]) == {"filterbank-dense"}  # one page per model (this project has one)
     assert all((work / "reports" / "gallery" / page["page"]).is_file() for page in gallery["models"].values())
     for stage in ("fetch", "probe", "robustness", "report"):  # every stage writes its log
         assert "finished in" in (work / "reports" / "logs" / f"{stage}.log").read_text()
@@ -140,8 +140,6 @@ def _find_experiment(node, name: str):
 
 
 def test_one_protocol_as_a_dvc_experiment(repo):
-    import json
-
     work = repo["work"]
     out = run(["dvc", "exp", "run", "-S", "protocol=mocv", "-n", "mocv-only"], work)
     assert "Running stage 'probe'" in out and "Running stage 'fetch'" not in out
