@@ -18,9 +18,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from cellpath.errors import ConfigError, Problem
 from cellpath.io.layout import DEFAULT_MANIFEST
-from cellpath.vocabulary import (DEFAULT_XENIUM_LAYOUT, MAGNIFICATIONS, PROTOCOLS, READOUTS,
-                                 REFERENCE_COUNT_SOURCE_PATTERN, MagnificationName, ProtocolChoice, ProtocolName,
-                                 ReadoutName, TaxonomyName, XeniumLayoutName)
+from cellpath.vocabulary import (DEFAULT_XENIUM_LAYOUT, MAGNIFICATIONS, PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS,
+                                 PAPER_MOCV_FOLDS, PAPER_SEEDS, PROTOCOLS, READOUTS, REFERENCE_COUNT_SOURCE_PATTERN,
+                                 MagnificationName, ProtocolChoice, ProtocolName, ReadoutName, TaxonomyName,
+                                 XeniumLayoutName)
 
 # Organs the simulator has tissue programs for, and the statuses each one can be simulated with.
 SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
@@ -175,13 +176,13 @@ class ProbeConfig(_Strict):
     taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
     readouts: Annotated[list[ReadoutName], Field(min_length=1)] = list(READOUTS)
     magnifications: list[MagnificationName] | None = None  # None: every extract.magnifications
-    seeds: dict[ProtocolName, Annotated[int, Field(ge=1, le=100)]] = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
-    mocv_folds: Annotated[int, Field(ge=2, le=50)] = 5
+    seeds: dict[ProtocolName, Annotated[int, Field(ge=1, le=100)]] = dict(PAPER_SEEDS)
+    mocv_folds: Annotated[int, Field(ge=2, le=50)] = PAPER_MOCV_FOLDS
     is_roi_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
     is_buffer_um: Annotated[float, Field(ge=0.0, le=5000.0)] = 25.0
     val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
-    min_train_cells: ClassGate = ClassGate(fine=500, coarse=100)
-    min_test_cells: ClassGate = ClassGate(fine=200, coarse=100)
+    min_train_cells: ClassGate = ClassGate(**PAPER_MIN_TRAIN_CELLS)
+    min_test_cells: ClassGate = ClassGate(**PAPER_MIN_TEST_CELLS)
     max_train_cells: Annotated[int, Field(ge=10)] | None = None  # None: every training cell (the paper)
     c_grid: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
     max_iter: Annotated[int, Field(ge=1, le=100_000)] = 10000 # L-BFGS iterations per (run, C) fit

@@ -36,7 +36,19 @@ MagnificationName = Literal["40x", "20x", "10x"]
 MAGNIFICATIONS: tuple[MagnificationName, ...] = get_args(MagnificationName)
 MAGNIFICATION_MPP: dict[str, float] = {"40x": 0.25, "20x": 0.5, "10x": 1.0}
 
-HEADLINE_MAGNIFICATION: MagnificationName = "20x"  # the paper's headline numbers and CRT
+#: The headline condition: the paper's headline numbers, its wins and CRT are Tfine, Nuc, 20×.
+HEADLINE_MAGNIFICATION: MagnificationName = "20x"
+HEADLINE_TAXONOMY: TaxonomyName = "fine"
+HEADLINE_READOUT: ReadoutName = "Nuc"
+
+#: The paper's configuration (Table 3 and Supplementary C): the evaluated panel, its nested sizes,
+#: the probe seeds per protocol, the MOCV folds and the class gates (cells per class, train / test).
+PAPER_PANEL = "S25"
+PAPER_PANEL_SIZES: tuple[int, ...] = (10, 15, 20, 25)
+PAPER_SEEDS: dict[str, int] = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
+PAPER_MOCV_FOLDS = 5
+PAPER_MIN_TRAIN_CELLS: dict[str, int] = {"fine": 500, "coarse": 100}
+PAPER_MIN_TEST_CELLS: dict[str, int] = {"fine": 200, "coarse": 100}
 
 
 def headline_magnification(magnifications: list[str]) -> str:
