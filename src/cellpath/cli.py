@@ -135,28 +135,25 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _plan(args: argparse.Namespace) -> None:
-    import json
-
+    from cellpath.commands.plan import run
     from cellpath.config import load_params
-    from cellpath.stages.plan import build_plan, render
 
-    plan = build_plan(load_params(args.params), Path(args.data_dir), preset=args.preset,
-                      costs_path=Path(args.costs), worker_cores=args.worker_cores,
-                      worker_memory_gb=args.worker_memory_gb, deadline_days=args.deadline_days)
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    print(run(load_params(args.params), Path(args.data_dir), preset=args.preset, costs_path=Path(args.costs),
+              worker_cores=args.worker_cores, worker_memory_gb=args.worker_memory_gb,
+              deadline_days=args.deadline_days, as_json=args.json))
 
 
 def _export(args: argparse.Namespace) -> None:
+    from cellpath.commands.export import run
     from cellpath.config import load_params
-    from cellpath.stages.export import run
 
     run(load_params(args.params), Path(args.data_dir), sections=args.sections, encoders=args.encoder,
         magnifications=args.magnification, he_downsample=args.he_downsample, images=not args.no_images)
 
 
 def _encoders(args: argparse.Namespace) -> None:
+    from cellpath.commands.encoders import run_check, run_list
     from cellpath.config import load_params
-    from cellpath.stages.encoders import run_check, run_list
 
     params = load_params(args.params)
     if args.action == "list":

@@ -10,8 +10,9 @@ import yaml
 from cellpath.cli import main
 from cellpath.config import load_params, parse_params
 from cellpath.features.encoders.registry import load_registry
+from cellpath.planning.build import build_plan
+from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3
 from cellpath.runtime.costs import CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts, save_costs
-from cellpath.stages.plan import PAPER_RUNS, PAPER_TABLE_3, build_plan
 from helpers.project import PROJECT_ROOT
 
 

@@ -17,7 +17,7 @@ from cellpath.features.store import artifact_dir, open_artifact
 from cellpath.io.coords import um_to_he_px
 from cellpath.io.layout import export_embeddings_h5ad, export_section_zarr, features_dir, section_labels
 from cellpath.io.scverse import he_image_element, he_px_to_um
-from cellpath.stages.export import run as run_export
+from cellpath.commands.export import run as run_export
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,107 @@
+"""The plan (:func:`cellpath.planning.build.build_plan`) as a readable text table."""
+
+from __future__ import annotations
+
+from cellpath.runtime.planning import DEVICES, STAGES
+
+
+def _number(value: int | None) -> str:
+    """A count with thousands separators; ``—`` when unknown."""
+    return "—" if value is None else f"{value:,}"
+
+
+def _bytes(size: float | None) -> str:
+    """Bytes in kB, MB, GB or TB (powers of 1000); ``tables`` when None (a stage that writes tables only)."""
+    if size is None:
+        return "tables"
+    for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+        if size >= scale:
+            return f"{size / scale:,.1f} {name}"
+    return f"{size / 1e3:,.1f} kB"
+
+
+def _features(plan: dict) -> list[str]:
+    """The header, the panel, and the features per encoder and magnification with the patch store."""
+    panel = plan["panel"]
+    lines = [f"cellpath plan ({plan['preset']}) on {plan['hardware']['cpus']} CPUs, {plan['hardware']['gpus']} GPUs",
+             f"panel {panel['name']}: {panel['sections']} sections, {panel['organs']} organs, {panel['cells']:,} cells"
+             + (f" ({panel['evaluated_cells']:,} evaluated)" if panel["evaluated_cells"] else "")
+             + f"  [{panel['source']}]", "",
+             f"{'encoder':<24}{'mag':>5}{'sections':>10}{'cells':>13}{'patches':>12}{'features':>12}  source"]
+    for row in plan["features"]:
+        lines.append(f"{row['encoder']:<24}{row['magnification']:>5}{row['sections']:>10}{row['cells']:>13,}"
+                     f"{_number(row['patches']):>12}{_bytes(row['bytes']):>12}  {row['source']}")
+    total_bytes = sum(row["bytes"] for row in plan["features"])
+    return lines + [f"{'all':<24}{'':>5}{'':>10}{'':>13}{'':>12}{_bytes(total_bytes):>12}",
+                    f"shared patch store (data/.work/patches, one copy per magnification and input size): "
+                    f"{_bytes(plan['patch_cache_bytes']) if plan['patch_cache_bytes'] else 'off'}"]
+
+
+def _probe(plan: dict) -> list[str]:
+    """Probe runs per protocol and in all, and the paper's Table 3 where the plan compares with it."""
+    probe = plan["probe"]
+    lines = [f"probe runs ({plan['encoders']} encoders × {len(plan['magnifications'])} magnifications) "
+             f"[{probe['source']}]",
+             f"{'protocol':<10}{'units':>7}{'seeds':>7}{'runs':>12}{'unavailable':>13}{'skipped':>10}{'fitted':>12}"]
+    for name, row in [*probe["protocols"].items(), ("total", probe["total"])]:
+        lines.append(f"{name:<10}{row.get('units', ''):>7}{row.get('seeds', ''):>7}{_number(row['runs']):>12}"
+                     f"{_number(row['unavailable']):>13}{_number(row['skipped']):>10}{_number(row['fitted']):>12}")
+    if "paper" in probe:
+        paper = probe["paper"]
+        lines.append(f"paper (Table 3): {', '.join(f'{p} {n:,}' for p, n in paper['table_3'].items())}; total "
+                     f"{paper['total']:,} — derived {probe['total']['runs']:,}: "
+                     + ("matches" if paper["matches"] else "DIFFERS"))
+    return lines
+
+
+def _estimate_line(stage: str, device: str, parts: list[dict]) -> str:
+    """One stage on one device: units, core-hours (CPU) or GPU-hours, the largest task and the disk."""
+    if not parts:
+        return f"{stage:<12}{device:>7}{'':>16}{'not measured':>24}"
+    core = sum(e["core_seconds"] for e in parts) / 3600
+    disks = [e["disk_bytes"] for e in parts]
+    gpu = f"{sum(e['seconds'] for e in parts) / 3600:,.1f}" if device == "cuda" else "—"
+    cpu = f"{core:,.1f}" if device == "cpu" else "—"
+    ranges = [e.get("core_seconds_range") for e in parts if e.get("core_seconds_range")]
+    return (f"{stage:<12}{device:>7}{sum(e['units'] for e in parts):>16,}{cpu:>13}{gpu:>11}"
+            f"{_bytes(max(e['peak_memory_bytes'] for e in parts)):>14}"
+            f"{_bytes(None if None in disks else sum(disks)):>11}"
+            + (f"  (iterations p25–p75: {ranges[0][0] / 3600:,.0f}–{ranges[0][1] / 3600:,.0f} "
+               "core-hours)" if ranges else ""))
+
+
+def _costs(plan: dict) -> list[str]:
+    """The cost per stage and device, and the sources of the cost model's numbers."""
+    machine = plan["cost_model"]["machine"]
+    estimates = plan["estimates"]
+    lines = [f"cost per stage, from the cost model {plan['cost_model']['path']} (measured on "
+             f"{machine.get('cpus', '?')} CPUs, {machine.get('memory_gb', '?')} GB)",
+             f"{'stage':<12}{'device':>7}{'units':>16}{'core-hours':>13}{'GPU-hours':>11}{'largest task':>14}"
+             f"{'disk':>11}"]
+    lines += [_estimate_line(stage, device, [e for e in estimates if e["stage"] == stage and e["device"] == device])
+              for stage in STAGES for device in DEVICES]
+    sources = sorted({e["source"] for e in estimates if e["stage"] != "extract"}
+                     | {e["source"].split("; ", 1)[1] for e in estimates if e["stage"] == "extract"})
+    return lines + [f"  source: {source}" for source in sources]
+
+
+def _week(plan: dict) -> list[str]:
+    """The workers to finish within the deadline, per stage and in all, and what was not estimated."""
+    week = plan["week"]
+    lines = [f"to finish within {week['deadline_days']:g} days on workers of {week['worker_cores']} cores and "
+             f"{_bytes(week['worker_memory_bytes'])} (CPU; ideal packing, so a lower bound):"]
+    for row in week["stages"]:
+        too_big = f"  — its largest task needs {_bytes(row['largest_task_bytes'])}, more than a worker has"
+        lines.append(f"  {row['stage']:<12}{row['core_hours']:>14,.0f} core-hours  → {row['workers']:>6,} workers"
+                     + ("" if row["fits_worker"] else too_big))
+    lines.append(f"  {'all':<12}{week['core_hours']:>14,.0f} core-hours  → {week['workers']:>6,} workers "
+                 "(every stage within the deadline)")
+    missing = [f"{stage} ({', '.join(devices)})" for stage, devices in plan["not_estimated"].items() if devices]
+    if missing:
+        lines.append("not measured, so not estimated: " + "; ".join(missing))
+    return lines
+
+
+def render(plan: dict) -> str:
+    """The plan as a readable text table: features, probe runs, cost per stage, workers for the deadline."""
+    return "\n".join([*_features(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan)])

@@ -1,0 +1,148 @@
+"""Pricing a workload with the cost model: per stage and device the seconds, core-seconds, the largest
+task's peak memory and the disk, and the workers that finish every stage within a deadline.
+
+The workload is plain numbers (:class:`Workload`; ``cellpath.planning`` counts it from the params and
+the data); the formulas are those of :mod:`cellpath.runtime.costs`. Units: seconds on one worker of
+the calibration machine, bytes, core-hours. A device without measured costs gets no estimate.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from cellpath.runtime.costs import (CostModel, ExtractCosts, ProbeCosts, RobustnessCosts, extract_seconds,
+                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes,
+                                    robustness_seconds, workers_needed)
+
+STAGES = ("extract", "probe", "robustness")
+DEVICES = ("cpu", "cuda")
+EXTRACT_WORKING_BYTES = 2e9  # an extraction worker beyond the fp32 weights: batches, read-ahead (not measured)
+
+
+@dataclass(frozen=True)
+class ExtractJob:
+    """One encoder's extraction over every magnification: its ViT shape (parameters, input and patch
+    px, prefix tokens), the patches it reads and the feature bytes it writes."""
+
+    encoder: str
+    parameters: float
+    input_size: int
+    patch_size: int
+    prefix_tokens: int
+    patches: int
+    disk_bytes: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the heavy stages would do. ``probe_shapes``: rows of encoder, width, n_train, n_val,
+    n_test, n_classes, row_bytes (bytes of one design row) and runs; ``robustness_units``: rows of
+    encoder, width, n_cells and scorings. The rest are the params the formulas take."""
+
+    extract: list[ExtractJob]
+    probe_shapes: list[dict]
+    robustness_units: list[dict]
+    n_panel_cells: int
+    probe_budget_mb: float
+    c_grid_size: int
+    full_max_cells: int
+    anchors: int
+
+
+def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob) -> dict:
+    """One encoder's extraction: forward-pass seconds from its GFLOP per patch, its fp32 weights plus
+    the working set as peak memory, its features as disk."""
+    gflop = patch_gflop(job.parameters, job.input_size, job.patch_size, job.prefix_tokens)
+    seconds = extract_seconds(costs, job.patches, gflop)
+    return {"stage": "extract", "what": job.encoder, "device": device, "units": job.patches, "unit": "patch",
+            "seconds": seconds, "core_seconds": seconds * costs.cores,
+            "peak_memory_bytes": job.parameters * 4 + EXTRACT_WORKING_BYTES, "disk_bytes": job.disk_bytes,
+            "source": f"{gflop:.1f} GFLOP per patch; {costs.source}"}
+
+
+def probe_estimate(costs: ProbeCosts, device: str, work: Workload) -> dict:
+    """Every fitted probe run, one core each, at the cost model's iterations per C and its p25–p75 range."""
+    totals = [sum(row["runs"] * probe_fit_seconds(
+        costs, n_train=row["n_train"], n_val=row["n_val"], n_test=row["n_test"], width=row["width"],
+        row_bytes=row["row_bytes"], iterations=iterations * work.c_grid_size, budget_mb=work.probe_budget_mb)
+        for row in work.probe_shapes) for iterations in (costs.iterations_per_c, *costs.iterations_range)]
+    return {"stage": "probe", "what": "every fitted run", "device": device,
+            "units": sum(row["runs"] for row in work.probe_shapes), "unit": "run", "seconds": totals[0],
+            "core_seconds": totals[0], "core_seconds_range": totals[1:],
+            "peak_memory_bytes": max(probe_heap_bytes(costs, work.n_panel_cells, work.probe_budget_mb,
+                                                      n_train=row["n_train"], row_bytes=row["row_bytes"])
+                                     for row in work.probe_shapes),
+            "disk_bytes": None,
+            "source": f"{costs.iterations_per_c:g} L-BFGS iterations per C (range {costs.iterations_range[0]:g}–"
+                      f"{costs.iterations_range[1]:g}) × {work.c_grid_size} C, {costs.iterations_source}; "
+                      f"{costs.source}"}
+
+
+def robustness_estimate(costs: RobustnessCosts, device: str, work: Workload) -> dict:
+    """Every robustness scoring; peak memory of the unit with the most cells × width."""
+    limits = {"full_max_cells": work.full_max_cells, "anchors": work.anchors}
+    seconds = sum(row["scorings"] * robustness_seconds(costs, row["n_cells"], row["width"], **limits)
+                  for row in work.robustness_units)
+    largest = max(work.robustness_units, key=lambda row: row["n_cells"] * row["width"])
+    return {"stage": "robustness", "what": "every scoring", "device": device,
+            "units": sum(row["scorings"] for row in work.robustness_units), "unit": "scoring",
+            "seconds": seconds, "core_seconds": seconds * costs.cores,
+            "peak_memory_bytes": robustness_heap_bytes(costs, largest["n_cells"], largest["width"], **limits),
+            "disk_bytes": None, "source": costs.source}
+
+
+def stage_estimates(model: CostModel, work: Workload) -> list[dict]:
+    """Per device the cost model measured, the estimates of every stage it has costs for (extract:
+    one per encoder): seconds on one calibration worker, core-seconds, the largest task's peak memory
+    (bytes) and the disk written (bytes; None: tables only)."""
+    out = []
+    for device in sorted(model.devices):
+        costs = model.costs(device)
+        if costs.extract is not None:
+            out += [extract_estimate(costs.extract, device, job) for job in work.extract]
+        if costs.probe is not None and work.probe_shapes:
+            out.append(probe_estimate(costs.probe, device, work))
+        if costs.robustness is not None and work.robustness_units:
+            out.append(robustness_estimate(costs.robustness, device, work))
+    return out
+
+
+def not_estimated(estimates: list[dict]) -> dict[str, list[str]]:
+    """Per stage, the devices without an estimate (not measured, so not guessed)."""
+    return {stage: [d for d in DEVICES if not any(e["stage"] == stage and e["device"] == d for e in estimates)]
+            for stage in STAGES}
+
+
+def week_plan(estimates: list[dict], worker_cores: int, worker_memory_bytes: float,
+              deadline_seconds: float) -> list[dict]:
+    """Per stage on the CPU: workers of ``worker_cores`` cores to finish within the deadline (ideal
+    packing, a lower bound), and whether the stage's largest task fits a worker's memory."""
+    rows = []
+    for stage in STAGES:
+        parts = [e for e in estimates if e["stage"] == stage and e["device"] == "cpu"]
+        if parts:
+            core_seconds = sum(e["core_seconds"] for e in parts)
+            peak = max(e["peak_memory_bytes"] for e in parts)
+            rows.append({"stage": stage, "core_hours": core_seconds / 3600,
+                         "workers": workers_needed(core_seconds, worker_cores, deadline_seconds),
+                         "largest_task_bytes": peak, "fits_worker": peak <= worker_memory_bytes})
+    return rows
+
+
+def week_summary(estimates: list[dict], worker_cores: int, worker_memory_bytes: float, deadline_days: float) -> dict:
+    """:func:`week_plan` per stage and in all: core-hours and workers to finish every stage within
+    ``deadline_days`` days on workers of ``worker_cores`` cores and ``worker_memory_bytes`` bytes."""
+    week = week_plan(estimates, worker_cores, worker_memory_bytes, deadline_days * 86400)
+    core_hours = sum(row["core_hours"] for row in week)
+    return {"deadline_days": deadline_days, "worker_cores": worker_cores, "worker_memory_bytes": worker_memory_bytes,
+            "core_hours": core_hours, "workers": workers_needed(core_hours * 3600, worker_cores, deadline_days * 86400),
+            "stages": week}
+
+
+def this_machine() -> dict:
+    """This machine's size: ``cpus``, ``gpus`` (CUDA devices) and ``memory_bytes`` (physical memory)."""
+    import torch
+
+    return {"cpus": os.cpu_count(), "gpus": torch.cuda.device_count(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
