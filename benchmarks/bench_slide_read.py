@@ -1,6 +1,6 @@
 """Benchmark: reading 20× patches from a real-size registered H&E, against tifffile's raw decode.
 
-Writes, with the project's own writer (``cellpath.io.xenium.write_he_ome_tiff``: BigTIFF, 256 px
+Writes, with the project's own writer (``cellpath.simulation.xenium_bundle.write_he_ome_tiff``: BigTIFF, 256 px
 JPEG tiles, a ×2 pyramid in SubIFDs, OME-XML with PhysicalSizeX/Y in µm — the form 10x's
 ``*_he_image.ome.tif`` takes as far as the readers of it describe), a slide of 10x's size
 (default 24576 px a side at 0.2738 µm/px, a 6.7 mm field) with a tissue-like texture, then reads
@@ -35,7 +35,9 @@ from scipy import ndimage
 from threadpoolctl import threadpool_info
 
 from cellpath.io.wsi import open_slide
-from cellpath.io.xenium import write_he_ome_tiff
+from cellpath.simulation.xenium_bundle import write_he_ome_tiff
+
+from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 MPP = 0.2738  # µm per level-0 px, the simulator's and a common 10x H&E scan's
@@ -95,6 +97,7 @@ def main() -> None:
     parser.add_argument("--patches", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    stamp = run_stamp()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks") as tmp:
         path = Path(tmp) / "bench_he_image.ome.tif"
@@ -129,6 +132,7 @@ def main() -> None:
         "blas": [{k: info.get(k) for k in ("internal_api", "num_threads", "version")} for info in threadpool_info()],
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
+    result = with_provenance(result, stamp)
     out = ROOT / "benchmarks" / "results" / "slide_read.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -136,7 +136,8 @@ def test_mlflow_compares_models_on_one_condition(probe_data, all_protocols, tmp_
 
     from cellpath.config import MlflowConfig
     from cellpath.runtime.tracking import Tracker
-    from cellpath.stages.probe import comparison_metrics, log_conditions, nested_panels, summarise
+    from cellpath.probing.summary import comparison_metrics, summarise
+    from cellpath.stages.probe import log_conditions, nested_panels
 
     runs = all_protocols["runs"]
     other = runs.assign(model="filterbank-copy", macro_f1=runs["macro_f1"] * 0.9)
@@ -214,7 +215,7 @@ def test_no_is_test_cell_shares_an_encoder_patch_with_a_training_or_validation_c
     the run table counts the test cells each rule removed."""
     from cellpath.features.encoders.registry import selected_encoders
     from cellpath.features.panel import encoder_patch_ids, load_panel_cells
-    from cellpath.stages.probe import plan_magnification
+    from cellpath.probing.tasks import plan_magnification
 
     params = all_protocols["params"]
     data_dir = probe_data["data_dir"]

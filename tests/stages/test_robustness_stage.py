@@ -9,9 +9,8 @@ import pandas as pd
 import pytest
 
 from cellpath.robustness.neighbours import ArrayRows
-from cellpath.stages.robustness import cell_groups
+from cellpath.robustness.panel import cell_groups, scoring_units
 from cellpath.stages.robustness import run as run_robustness_stage
-from cellpath.stages.robustness import scoring_units
 from helpers.stage_params import robustness_params
 
 
@@ -95,6 +94,43 @@ def test_margins_name_the_nearest_so_and_os_neighbours_that_decided_them(stage, 
     for kind in ("so", "os"):
         theirs = tile.reindex(pd.MultiIndex.from_arrays([defined[f"{kind}_section_id"], defined[f"{kind}_cell_id"]]))
         assert (theirs.to_numpy() != own).all()  # never a cell of its own tile (the group)
+
+
+def test_a_margin_is_recomputed_from_its_two_mean_distances_and_they_from_the_features(stage, tiny_features):
+    """margins.parquet carries d_SO and d_OS, the means over the m nearest SO / OS neighbours: the margin
+    is (d_OS - d_SO) / (d_OS + d_SO) of them, and both equal a dense scipy cosine search over the stored
+    features (same type other section / other type same section, never the cell's own 40 µm tile)."""
+    from scipy.spatial.distance import cdist
+
+    from cellpath.features.panel import PanelFeatures, load_panel_cells, panel_matrix
+
+    margins = pd.read_parquet(stage["reports"] / "robustness" / "margins.parquet")
+    defined = margins[margins["margin"].notna()]
+    assert len(defined) and margins.loc[margins["margin"].isna(), ["d_so", "d_os"]].isna().all().all()
+    recomputed = (defined["d_os"] - defined["d_so"]) / (defined["d_os"] + defined["d_so"])
+    np.testing.assert_allclose(recomputed.to_numpy(), defined["margin"].to_numpy(), rtol=0, atol=1e-12)
+
+    params = stage["params"]
+    panel = load_panel_cells(tiny_features["data_dir"], params.panel)
+    cells = panel.cells
+    x = panel_matrix(PanelFeatures(tiny_features["data_dir"] / "features", "filterbank-dense", "10x", panel)
+                     .readout("Nuc")).astype(np.float64)
+    distance = cdist(x, x, "cosine")
+    tile = (cells["section_id"] + ":" + (cells["x_um"] // 40.0).astype(int).astype(str) + ":"
+            + (cells["y_um"] // 40.0).astype(int).astype(str)).to_numpy()
+    kind, section = cells["coarse"].to_numpy(), cells["section_id"].to_numpy()
+    chosen = margins[(margins["readout"] == "Nuc") & (margins["scope"] == "panel")].reset_index(drop=True)
+    assert (chosen["cell_id"].to_numpy() == cells["cell_id"].to_numpy()).all()  # every cell, in panel order
+    m = params.robustness.m
+    for i in range(0, len(cells), 7):
+        allowed = tile != tile[i]
+        so = np.sort(distance[i, allowed & (kind == kind[i]) & (section != section[i])])[:m]
+        os_ = np.sort(distance[i, allowed & (kind != kind[i]) & (section == section[i])])[:m]
+        if len(so) == m and len(os_) == m:
+            assert chosen.at[i, "d_so"] == pytest.approx(so.mean(), abs=1e-5)
+            assert chosen.at[i, "d_os"] == pytest.approx(os_.mean(), abs=1e-5)
+        else:
+            assert np.isnan(chosen.at[i, "d_so"]) and np.isnan(chosen.at[i, "margin"])
 
 
 def test_low_margin_enrichment_and_shortcut(stage):
@@ -206,7 +242,7 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
 
     from cellpath.config import RobustnessConfig
     from cellpath.robustness import score_embeddings, shared_k
-    from cellpath.stages.robustness import _score_models, _UnitData
+    from cellpath.robustness.panel import UnitData, score_models
 
     rng = np.random.default_rng(0)
     n = 240
@@ -221,9 +257,9 @@ def test_models_scored_together_share_k_but_keep_their_own_k_star():
         features[f"model-{i}"] = x
     own = [score_embeddings(features[s.slug], biology, confounder, groups).k for s in specs]
     assert len(set(own)) > 1, own  # the case worth testing
-    unit = _UnitData({slug: ArrayRows(x) for slug, x in features.items()}, biology, confounder,
+    unit = UnitData({slug: ArrayRows(x) for slug, x in features.items()}, biology, confounder,
                      {s.slug: groups for s in specs}, None)
-    scored = _score_models(specs, unit, RobustnessConfig(confounder="section_id"))
+    scored = score_models(specs, unit, RobustnessConfig(confounder="section_id"))
     k = int(shared_k(own))
     assert [result.k for _, result, _, _ in scored] == [k, k, k]
     assert [own_k for _, _, own_k, _ in scored] == own

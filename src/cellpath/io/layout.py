@@ -17,6 +17,11 @@ SECTION_INDEX_NAME = "sections.csv"
 LABEL_SUMMARY_NAME = "summary.csv"
 TIMING_NAME = "timing.json"
 COUNTS_NAME = "counts.json"
+METRICS_NAME = "metrics.json"  # a stage's own metrics inside its reports folder
+MARKER_QC_NAME = "marker_qc.csv"  # data/labels/: marker enrichment per (section, type)
+AGAINST_TRUTH_NAME = "against_truth.csv"  # reports/annotation/: labels against the simulator's truth
+CONCORDANCE_NAME = "concordance.csv"  # reports/concordance/: AGR-BAcc per section
+SIMULATION_TRUTH_NAME = "simulation_truth.parquet"  # a simulated section's true types (never read by ingest)
 
 
 # --------------------------------------------------------------------------- data/
@@ -176,3 +181,68 @@ def report_tables(reports: Path) -> Path:
 def report_figures(reports: Path) -> Path:
     """The report's figures: ``reports/figures/``."""
     return Path(reports) / "figures"
+
+
+def probe_table_csv(reports: Path, name: str) -> Path:
+    """One of the probe's summary tables (``summary``, ``wins``, ``cra``, …): ``reports/probe/<name>.csv``."""
+    return probe_reports(reports) / f"{name}.csv"
+
+
+def probe_counts_json(reports: Path) -> Path:
+    """Runs fitted, skipped and unavailable per protocol: ``reports/probe/counts.json``."""
+    return probe_reports(reports) / COUNTS_NAME
+
+
+def robustness_table_csv(reports: Path, name: str) -> Path:
+    """One of the robustness tables (``summary``, ``shortcut``, …): ``reports/robustness/<name>.csv``."""
+    return robustness_reports(reports) / f"{name}.csv"
+
+
+def simulation_truth_parquet(data_dir: Path, section_id: str) -> Path:
+    """The simulator's true cell types of one section (simulated sections only):
+    ``data/raw/<section>/simulation_truth.parquet``."""
+    return raw_dir(data_dir) / section_id / SIMULATION_TRUTH_NAME
+
+
+# --------------------------------------------------------------------------- work/ shards
+
+
+def extract_timing_json(data_dir: Path, encoder_slug: str, magnification: str) -> Path:
+    """Patch rates of one extraction, for the cost model: ``data/.work/extract/<slug>-<magnification>.timing.json``."""
+    return work_root(data_dir) / "extract" / f"{encoder_slug}-{magnification}.{TIMING_NAME}"
+
+
+def shard_table(shard: Path, name: str) -> Path:
+    """One table a finished task wrote into its shard folder (``runs``, ``margins``, …): ``<shard>/<name>.parquet``."""
+    return Path(shard) / f"{name}.parquet"
+
+
+# --------------------------------------------------------------------------- reports/: report and gallery files
+def report_table_csv(reports: Path, name: str) -> Path:
+    """One report table's numbers: ``reports/tables/<name>.csv``."""
+    return report_tables(reports) / f"{name}.csv"
+
+
+def report_table_md(reports: Path, name: str) -> Path:
+    """One report table as the page shows it: ``reports/tables/<name>.md``."""
+    return report_tables(reports) / f"{name}.md"
+
+
+def report_figure_png(reports: Path, name: str) -> Path:
+    """One report figure: ``reports/figures/<name>.png``."""
+    return report_figures(reports) / f"{name}.png"
+
+
+def report_pareto_png(reports: Path, number: int) -> Path:
+    """The report's ``number``-th median–LTM10 Pareto plane (from 0): ``reports/figures/pareto_<number>.png``."""
+    return report_figure_png(reports, f"pareto_{number}")
+
+
+def report_thumbnail_png(reports: Path, section_id: str) -> Path:
+    """The report's H&E thumbnail of one section: ``reports/figures/he_<section_id>.png``."""
+    return report_figure_png(reports, f"he_{section_id}")
+
+
+def gallery_cells_csv(reports: Path) -> Path:
+    """Every crop of the gallery's pages, one row each: ``reports/gallery/cells.csv``."""
+    return gallery_dir(reports) / "cells.csv"

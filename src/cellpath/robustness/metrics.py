@@ -42,13 +42,17 @@ class Margins:
     """Per-sample CRoMa margins; ``values`` is NaN exactly where ``defined`` is False.
 
     ``n_unresolved``: samples lacking m neighbours of a type; ``n_zero_distance``: samples whose
-    margin has a zero denominator (duplicated rows, collapsed embedding).
+    margin has a zero denominator (duplicated rows, collapsed embedding). ``d_so`` / ``d_os``: the
+    mean cosine distance to the m nearest same-type other-confounder and other-type same-confounder
+    neighbours the margin ``(d_os - d_so) / (d_os + d_so)`` is made of (NaN where unresolved).
     """
 
     values: np.ndarray
     defined: np.ndarray
     n_unresolved: int
     n_zero_distance: int
+    d_so: np.ndarray
+    d_os: np.ndarray
 
     @property
     def n_undefined(self) -> int:
@@ -97,7 +101,8 @@ def croma_margins(so_distances: np.ndarray, os_distances: np.ndarray) -> Margins
     defined = ~unresolved & ~zero
     values = np.full(len(total), np.nan)
     values[defined] = (d_os[defined] - d_so[defined]) / total[defined]
-    return Margins(values, defined, int(unresolved.sum()), int(zero.sum()))
+    d_so[unresolved], d_os[unresolved] = np.nan, np.nan
+    return Margins(values, defined, int(unresolved.sum()), int(zero.sum()), d_so, d_os)
 
 
 def _finite(values: np.ndarray) -> np.ndarray:

@@ -54,6 +54,8 @@ class RobustnessScores:
     ratios of sums of (for bootstrap intervals). ``nearest_so`` / ``nearest_os``: per scored sample,
     the row of its nearest SO and OS neighbour (-1 where it has none) and ``nearest_so_distance`` /
     ``nearest_os_distance`` their cosine distances: the cells a margin is decided by.
+    ``mean_so_distance`` / ``mean_os_distance``: per scored sample, the mean cosine distance to its m
+    nearest SO and OS neighbours (NaN where unresolved), from which its margin is computed.
     """
 
     m: int
@@ -83,6 +85,8 @@ class RobustnessScores:
     nearest_os: np.ndarray | None = None
     nearest_so_distance: np.ndarray | None = None
     nearest_os_distance: np.ndarray | None = None
+    mean_so_distance: np.ndarray | None = None
+    mean_os_distance: np.ndarray | None = None
 
     @property
     def n_undefined(self) -> int:
@@ -169,24 +173,32 @@ def score_embeddings(
     margins = croma_margins(typed.so, typed.os)
     tail = lower_tail(margins.values, alpha)
 
+    return RobustnessScores(
+        m=m, alpha=alpha, margins=margins.values, defined=margins.defined,
+        n_unresolved=margins.n_unresolved, n_zero_distance=margins.n_zero_distance,
+        median=median_margin(margins.values), f0=fraction_non_positive(margins.values),
+        ltm=tail.ltm, q_alpha=tail.q_alpha, anchors=rows,
+        nearest_so=typed.so_index[:, 0], nearest_os=typed.os_index[:, 0], nearest_so_distance=typed.so[:, 0],
+        nearest_os_distance=typed.os[:, 0], mean_so_distance=margins.d_so, mean_os_distance=margins.d_os,
+        **_neighbourhood_scores(nearest, labels, k_values, k is not None, tau, rows),
+    )
+
+
+def _neighbourhood_scores(nearest, labels, k_values: list[int], fixed_k: bool, tau: float | None,
+                          rows: np.ndarray | None) -> dict:
+    """RI, MaRI and the k-NN probes at the k used: the fixed k, or the first maximiser of the
+    biological k-NN balanced accuracy over ``k_values`` (k*)."""
     bio_curve = knn_balanced_accuracy(nearest.index, labels.biology, k_values, rows)
-    k_used = k_values[0] if k is not None else select_k(bio_curve, k_values)
-    conf_bacc = knn_balanced_accuracy(nearest.index, labels.confounder, [k_used], rows)[k_used]
+    k_used = k_values[0] if fixed_k else select_k(bio_curve, k_values)
     ri = robustness_index(nearest.index, labels.biology, labels.confounder, k_used, rows)
     mari = margin_aware_robustness_index(
         nearest.index, nearest.distance, labels.biology, labels.confounder, k_used, tau, rows
     )
-    return RobustnessScores(
-        m=m, k=k_used, alpha=alpha, margins=margins.values, defined=margins.defined,
-        n_unresolved=margins.n_unresolved, n_zero_distance=margins.n_zero_distance,
-        median=median_margin(margins.values), f0=fraction_non_positive(margins.values),
-        ltm=tail.ltm, q_alpha=tail.q_alpha, ri=ri.value, mari=mari.value, support=ri.support,
-        tau=mari.tau, ri_samples=ri.samples, mari_samples=mari.samples,
-        bio_bacc=bio_curve[k_used], conf_bacc=conf_bacc, bio_bacc_by_k=bio_curve, anchors=rows,
-        ri_parts=(ri.so_weight, ri.typed_weight), mari_parts=(mari.so_weight, mari.typed_weight),
-        nearest_so=typed.so_index[:, 0], nearest_os=typed.os_index[:, 0], nearest_so_distance=typed.so[:, 0],
-        nearest_os_distance=typed.os[:, 0],
-    )
+    return {"k": k_used, "ri": ri.value, "mari": mari.value, "support": ri.support, "tau": mari.tau,
+            "ri_samples": ri.samples, "mari_samples": mari.samples, "bio_bacc": bio_curve[k_used],
+            "conf_bacc": knn_balanced_accuracy(nearest.index, labels.confounder, [k_used], rows)[k_used],
+            "bio_bacc_by_k": bio_curve, "ri_parts": (ri.so_weight, ri.typed_weight),
+            "mari_parts": (mari.so_weight, mari.typed_weight)}
 
 
 def low_margin_enrichment(

@@ -2,7 +2,7 @@
 
 Per section it paints a tissue layout from the organ's program, draws nuclear morphology, renders
 an H&E image through a section-specific stain and scan, simulates Xenium expression, and writes a
-bundle in 10x's own formats (:mod:`cellpath.io.xenium`) to ``data/raw/<section_id>/``.
+bundle in 10x's own formats (:mod:`cellpath.simulation.xenium_bundle`) to ``data/raw/<section_id>/``.
 Beside the 10x files it writes ``section.json`` (section metadata, as the 10x source does) and the
 simulator's ground truth (``simulation_truth.parquet``, ``simulation.json``), which no reader of
 real data relies on. One scRNA-seq reference per organ goes to ``data/references/<organ>.h5ad``.
@@ -29,9 +29,11 @@ import pandas as pd
 
 from cellpath.annotation.ontology import inverse_aliases
 from cellpath.config import SimulatedSection, SyntheticConfig
-from cellpath.io import xenium as xb
 from cellpath.io.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
+from cellpath.io.layout import SIMULATION_TRUTH_NAME
+from cellpath.io.xenium import LAYOUTS
+from cellpath.simulation import xenium_bundle as xb
 from cellpath.simulation.expression import GenePanel, build_panel, reference_counts, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import organ_cell_types, program_for
@@ -154,7 +156,7 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
         id_prefix=prefixes, cell_xy_um=cell_centre, nucleus_xy_um=measured_nucleus, cell_area=cell_area,
         nucleus_area=draws.nucleus_area, nucleus_axes_um=np.column_stack([draws.major, draws.minor]),
         nucleus_angle=layout.orientation, counts=counts, feature_names=panel.feature_names,
-        feature_types=panel.feature_types, layout=xb.LAYOUTS[section.xenium_layout],
+        feature_types=panel.feature_types, layout=LAYOUTS[section.xenium_layout],
     )
     prefix = f"{section.section_id}_"
     _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, config.he_mpp, registration.he_to_morph)
@@ -167,7 +169,7 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
         "nucleus_major_um": draws.major, "nucleus_minor_um": draws.minor,
         "orientation_rad": layout.orientation,
     })
-    truth.to_parquet(out_dir / "simulation_truth.parquet", index=False)
+    truth.to_parquet(out_dir / SIMULATION_TRUTH_NAME, index=False)
     summary = {
         "section_id": section.section_id, "organ": section.organ, "status": section.status, "n_cells": n,
         "field_um": layout.field_um, "registration_jitter_um": jitter, "morphology_strength": strength,

@@ -12,7 +12,8 @@ import pandas as pd
 
 from cellpath.config import Params
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import concordance_reports, label_summary_csv, panels_csv, raw_dir, section_labels
+from cellpath.io.layout import (CONCORDANCE_NAME, METRICS_NAME, concordance_reports, label_summary_csv, panels_csv,
+                                raw_dir, section_labels)
 from cellpath.io.sections import read_section_index, read_section_table
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,11 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
         panels.to_csv(tmp, index=False)
     with atomic_output(concordance_reports(reports)) as out:
         out.mkdir()
-        panels.to_csv(out / "concordance.csv", index=False)
+        panels.to_csv(out / CONCORDANCE_NAME, index=False)
         metrics = {"sections_ranked": int(panels["rank"].notna().sum()),
                    "mean_agr_bacc": round(float(panels["score"].mean()), 4),
                    "panel": params.panel, "panel_sections": int(panels[params.panel].sum())}
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out / METRICS_NAME).write_text(json.dumps(metrics, indent=2) + "\n")
     log.info("concordance: %d sections ranked; %s", metrics["sections_ranked"],
              ", ".join(f"{c}={int(panels[c].sum())}" for c in panels.columns if c.startswith("S")))
     return panels

@@ -13,7 +13,7 @@ from pathlib import Path
 from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.io.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
-from cellpath.io.layout import features_dir, raw_dir
+from cellpath.io.layout import extract_timing_json, features_dir, raw_dir
 from cellpath.io.sections import read_section_table, sections_to_extract
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ def _write_timing(params: Params, data_dir: Path, slug: str, magnification: str,
               "sections": [{"section_id": section_id, "cells": n_cells, "patches": n_patches,
                             "seconds": round(outcome.seconds, 3)}
                            for (section_id, n_cells, n_patches), outcome in zip(sizes, outcomes) if outcome.computed]}
-    with atomic_output(work_dir(data_dir, "extract") / f"{slug}-{magnification}.timing.json") as tmp:
+    work_dir(data_dir, "extract")  # created, with the .gitignore of the work folder
+    with atomic_output(extract_timing_json(data_dir, slug, magnification)) as tmp:
         tmp.write_text(json.dumps(timing, indent=2) + "\n")
 
 

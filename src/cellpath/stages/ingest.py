@@ -10,7 +10,7 @@ import pandas as pd
 from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.io.atomic import atomic_output, remove_stale_temporaries
-from cellpath.io.layout import raw_dir, sections_dir
+from cellpath.io.layout import raw_dir, section_index_csv, sections_dir
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def run(params: Params, data_dir: Path) -> pd.DataFrame:
     remove_stale_temporaries(out)
     rows = [ingest_section(folder, out) for folder in raw_section_folders(data_dir)]
     index = pd.DataFrame(rows).sort_values("section_id").reset_index(drop=True)
-    with atomic_output(out / "sections.csv") as tmp:
+    with atomic_output(section_index_csv(data_dir)) as tmp:
         index.to_csv(tmp, index=False)
     log.info("ingest: %d sections, %d cells → %s", len(index), int(index["n_cells"].sum()), out)
     return index

@@ -16,7 +16,7 @@ from cellpath.concordance.detector import (DetectorConfig, classify_nuclei, dete
                                            segment_nuclei, tile_nuclei)
 from cellpath.concordance.scoring import agr_bacc, mutual_nearest_neighbours
 from cellpath.errors import InputError
-from cellpath.io.xenium import write_he_ome_tiff
+from cellpath.simulation.xenium_bundle import write_he_ome_tiff
 
 E, I, S = "Epithelial/Tumor", "Immune/Inflammatory", "Stromal/Structural"
 MPP = 0.25  # µm per px of the synthetic images (the simulator uses 0.2738: sizes must go through µm)

@@ -22,13 +22,13 @@ import pytest
 import torch
 from threadpoolctl import threadpool_limits
 
-import cellpath.stages.probe as probe_stage
+import cellpath.probing.tasks as probe_tasks_module
 from cellpath.config import parse_params
 from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import selected_encoders
 from cellpath.features.panel import load_panel_cells
 from cellpath.runtime.executor import ExecutorError, Task, oversubscription_guard, run_tasks, thread_settings
-from cellpath.stages.probe import plan_magnification, probe_tasks
+from cellpath.probing.tasks import plan_magnification, probe_tasks
 from cellpath.stages.probe import run as run_probe_stage
 from cellpath.stages.robustness import run as run_robustness_stage
 from helpers.executor_tasks import die_once, write_value
@@ -148,13 +148,13 @@ def _die_once(out, *args):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-_REAL_PROBE_SHARD = probe_stage.probe_shard
+_REAL_PROBE_SHARD = probe_tasks_module.probe_shard
 
 
 def test_dask_reruns_the_task_of_a_killed_worker(tiny_features, data_dir, in_process, dask_at, tmp_path,
                                                  monkeypatch, one_thread):
     shutil.rmtree(data_dir / ".work", ignore_errors=True)
-    monkeypatch.setattr(probe_stage, "probe_shard", _die_once)
+    monkeypatch.setattr(probe_tasks_module, "probe_shard", _die_once)
     result = _run(_params(tiny_features["params"], dask_at), data_dir, tmp_path, fresh=False, robustness=False)
     assert (data_dir / ".work" / "killed-once").is_file()
     _assert_same(in_process, result)
