@@ -1,4 +1,5 @@
-"""A run's models among the paper's 30, whether the run is comparable, and the reproduction check.
+"""A run's models against the paper's 30 (ranked among them only when comparable), whether the run is
+comparable, and the reproduction check.
 
 Everything here is pure: the published table (:func:`cellpath.published.load_published`), this run's
 protocol summary (``probe/summary.csv``: fractions) and what the run was (:class:`RunConfiguration`)
@@ -12,13 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-#: The paper's configuration (Table 3 and Supplementary C): what a run must match to be compared.
-PAPER_PANEL = "S25"
-PAPER_PANEL_SIZES = (10, 15, 20, 25)
-PAPER_SEEDS = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
-PAPER_MOCV_FOLDS = 5
-PAPER_MIN_TRAIN_CELLS = {"fine": 500, "coarse": 100}
-PAPER_MIN_TEST_CELLS = {"fine": 200, "coarse": 100}
+from cellpath.vocabulary import (HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS,
+                                 PAPER_MOCV_FOLDS, PAPER_PANEL, PAPER_PANEL_SIZES, PAPER_SEEDS)
+
 Z_95 = 1.959964  # two-sided 95 % normal quantile
 
 
@@ -74,13 +71,12 @@ def published_condition(published: pd.DataFrame, *, protocol: str, magnification
     return chosen[["model", "mean", "sd", "table"]].astype({"mean": float, "sd": float}).reset_index(drop=True)
 
 
-def placement(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str], *, protocols: list[str],
-              magnification: str, readout: str = "Nuc", taxonomy: str = "fine",
-              metric: str = "macro_f1") -> pd.DataFrame:
-    """The paper's models and this run's in one ranking per protocol. ``ours``: this run's protocol
-    summary (fractions); ``names``: this run's model slug → display name. Returns one row per model
-    (``source``: "paper" or "this run"), per protocol its mean (pp) and rank among the paper's
-    models plus itself (1 = best), ordered by the first protocol's mean."""
+def condition_means(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str], *, protocols: list[str],
+                    magnification: str, readout: str = HEADLINE_READOUT, taxonomy: str = HEADLINE_TAXONOMY,
+                    metric: str = "macro_f1") -> pd.DataFrame:
+    """The paper's models and this run's in one condition: one row per (``source``: "paper" or "this
+    run", ``model``), per protocol its mean (pp). ``ours``: this run's protocol summary (fractions);
+    ``names``: this run's model slug → display name. Rows in order of first appearance."""
     columns: dict[str, pd.Series] = {}
     index: list[tuple[str, str]] = []
     for protocol in protocols:
@@ -95,14 +91,58 @@ def placement(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]
         columns[protocol] = pd.Series(values, dtype=float)
         index += [k for k in values if k not in index]
     if not index:
-        return pd.DataFrame(columns=["source", "model"])
+        return pd.DataFrame(columns=["source", "model", *protocols])
     table = pd.DataFrame(columns, index=pd.MultiIndex.from_tuples(index, names=["source", "model"]))
+    return table.reset_index()
+
+
+def with_ranks(means: pd.DataFrame, protocols: list[str]) -> pd.DataFrame:
+    """``means`` (:func:`condition_means` rows) with a rank per protocol among the paper's models plus
+    the row itself (1 = best: 1 + the number of the paper's models with a higher mean), ordered by the
+    first protocol's mean."""
+    table = means.copy()
+    paper = table["source"] == "paper"
     for protocol in protocols:
-        paper_values = table.loc[table.index.get_level_values("source") == "paper", protocol].dropna().to_numpy()
+        paper_values = table.loc[paper, protocol].dropna().to_numpy()
         table[f"{protocol} rank"] = [np.nan if np.isnan(v) else 1 + int((paper_values > v).sum())
                                      for v in table[protocol]]
-    table = table.sort_values(protocols[0], ascending=False, na_position="last", kind="mergesort")
-    return table.reset_index()
+    return table.sort_values(protocols[0], ascending=False, na_position="last", kind="mergesort")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This run against the paper in one condition. ``ranked``: the paper's models, ranked, with this
+    run's among them only when the run is comparable; ``beside``: this run's rows with their means
+    and no rank when it is not (empty when it is); ``reasons``: why it is not comparable (empty: it is)."""
+
+    ranked: pd.DataFrame
+    beside: pd.DataFrame
+    reasons: tuple[str, ...]
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the run is the paper's configuration (and so ranked)."""
+        return not self.reasons
+
+
+def placement(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str], run: RunConfiguration, *,
+              protocols: list[str], magnification: str, readout: str = HEADLINE_READOUT,
+              taxonomy: str = HEADLINE_TAXONOMY, metric: str = "macro_f1") -> Placement:
+    """This run's models ranked among the paper's models when ``run`` is the paper's configuration;
+    otherwise the paper's models ranked among themselves and this run's shown beside them, unranked
+    (a rank is a claim a different configuration cannot make). Means in pp; ``ours``: this run's
+    protocol summary (fractions); ``names``: this run's model slug → display name."""
+    means = condition_means(published, ours, names, protocols=protocols, magnification=magnification,
+                            readout=readout, taxonomy=taxonomy, metric=metric)
+    reasons = tuple(comparability(run))
+    if not protocols or means.empty:
+        return Placement(means, means.iloc[:0], reasons)
+    if not reasons:
+        return Placement(with_ranks(means, protocols).reset_index(drop=True), means.iloc[:0], reasons)
+    mine = means["source"] == "this run"
+    beside = means[mine].sort_values(protocols[0], ascending=False, na_position="last", kind="mergesort")
+    return Placement(with_ranks(means[~mine], protocols).reset_index(drop=True), beside.reset_index(drop=True),
+                     reasons)
 
 
 def reproduction(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:

@@ -15,6 +15,9 @@ block of s = mpp / he_mpp level-0 pixels starting at ``origin + s·i``; the orig
 central pixel's centre falls on the nucleus and rounded to a whole level-0 pixel (the centre is
 then within 0.5 level-0 px of the nucleus). The nucleus outline is its polygon (Xenium µm) mapped
 through the inverse alignment into those crop pixels.
+
+Here: which cells, their captions, the crop geometry and the page; the sections are read and the
+crops written by :mod:`cellpath.report.gallery_pages`.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ import numpy as np
 import pandas as pd
 
 from cellpath.io.coords import um_to_he_px
+from cellpath.vocabulary import MAGNIFICATIONS, READOUTS, TAXONOMIES, TAXONOMY_LABELS
 
 #: The keys a gallery list is drawn for (one list of each kind per model and these).
 LIST_KEYS = ["model", "magnification", "readout", "taxonomy"]
+#: margins.parquet columns naming the neighbours that decided a margin.
+NEIGHBOUR_COLUMNS = ["so_section_id", "so_cell_id", "so_distance", "os_section_id", "os_cell_id", "os_distance"]
 #: Glass white, for crop pixels beyond the slide's edge (as feature extraction pads).
 GLASS_PAD = 255
 #: Thumbnails are upsampled by a whole factor until they are at least this wide (px); the page shows them at 160 px.
@@ -55,6 +61,62 @@ def most_confident_errors(errors: pd.DataFrame, n: int) -> pd.DataFrame:
                                  ascending=[True] * len(LIST_KEYS) + [False, True, True], kind="stable")
     unique = ordered.drop_duplicates([*LIST_KEYS, "section_id", "cell_id"])
     return unique.groupby(LIST_KEYS, sort=False).head(n).reset_index(drop=True)
+
+
+def errors_with_neighbours(errors: pd.DataFrame, margins: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The :func:`most_confident_errors` with each cell's panel-scope margin and SO / OS neighbours where
+    the robustness stage scored it (NaN where it did not)."""
+    keys = [*LIST_KEYS, "section_id", "cell_id"]
+    panel = margins[margins["scope"] == "panel"][[*keys, "margin", *NEIGHBOUR_COLUMNS]]
+    return most_confident_errors(errors, n).merge(panel, how="left", on=keys)
+
+
+def list_conditions(frame: pd.DataFrame) -> list[dict]:
+    """The (model, magnification, readout, taxonomy) conditions of a model's lists, in the vocabulary's
+    order: those the robustness stage scored (so each margin list has its error list beside it), or
+    the probe's where robustness scored none."""
+    order = {"magnification": MAGNIFICATIONS, "readout": READOUTS, "taxonomy": TAXONOMIES}
+    rows = frame[LIST_KEYS].drop_duplicates().to_dict("records")
+    return sorted(rows, key=lambda row: [list(order[k]).index(row[k]) if row[k] in order[k] else len(order[k])
+                                         for k in order])
+
+
+def condition_rows(frame: pd.DataFrame, condition: dict) -> pd.DataFrame:
+    """The rows of ``frame`` whose columns equal ``condition``'s values."""
+    return frame[np.logical_and.reduce([frame[k] == v for k, v in condition.items()])]
+
+
+def list_text(kind: str, condition: dict, n: int) -> tuple[str, str]:
+    """The title and note of a list of ``kind`` ("margins" or "errors") with ``n`` cells."""
+    taxonomy = TAXONOMY_LABELS.get(condition["taxonomy"], condition["taxonomy"])
+    name = f"{condition['magnification']} {condition['readout']} {taxonomy}"
+    if kind == "margins":
+        return (f"Lowest CRoMa margins · {name}",
+                f"The {n} cells with the lowest defined margins (panel scope), lowest first; beside each, its nearest "
+                "same-type/other-section (SO) and other-type/same-section (OS) neighbours.")
+    return (f"Most confident IS errors · {name}",
+            f"The {n} IS test cells misclassified with the highest predicted-class probability (over every unit and "
+            "seed; a cell once, at its most confident), with their SO and OS neighbours where the robustness stage "
+            "scored them.")
+
+
+def cell_lines(row: dict, label: pd.Series | None) -> list[str]:
+    """A gallery cell's caption: section and cell id, its labels (``label``: its row of the section's
+    labels, None if unlabelled), the misclassification and its CRoMa margin where known."""
+    lines = [f"{row['section_id']} · {row['cell_id']}"]
+    if label is not None:
+        lines.append(f"68-type: {label['type_68']}; Tfine: {label['fine']}")
+    if "predicted_class" in row and isinstance(row.get("predicted_class"), str):
+        lines.append(f"true {row['true_class']} → predicted {row['predicted_class']} ({row['confidence']:.2f})")
+    if pd.notna(row.get("margin")):
+        lines.append(f"CRoMa margin {row['margin']:.3f}")
+    return lines
+
+
+def neighbour_lines(kind: str, section_id: str, cell_id: str, label: str, distance: float) -> list[str]:
+    """An SO / OS neighbour's caption: which cell, its label and its cosine distance (3 significant
+    digits, so a near-duplicate does not read as 0)."""
+    return [f"{kind.upper()} · {section_id} · {cell_id}", f"{label}; cosine distance {distance:.3g}"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +224,11 @@ class GalleryList:
     title: str
     note: str
     entries: list[Entry] = field(default_factory=list)
+
+
+def index_entry(page: str, lists: list[GalleryList]) -> dict:
+    """A model's entry in ``gallery/index.json``: its page and, per list, kind, title and cell count."""
+    return {"page": page, "lists": [{"kind": g.kind, "title": g.title, "cells": len(g.entries)} for g in lists]}
 
 
 def cell_table(lists: list[GalleryList]) -> pd.DataFrame:

@@ -9,6 +9,8 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
+from cellpath.report import tables
+
 
 @dataclass
 class Table:
@@ -58,3 +60,13 @@ def render_html(context: dict) -> str:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["data_uri"] = data_uri
     return env.get_template("report.html.j2").render(**context)
+
+
+def display_table(name: str, title: str, caption: str, numeric: pd.DataFrame, percent_pairs: bool = True,
+                  percent_columns: tuple[str, ...] = ("CRA",), shown: list[str] | None = None,
+                  max_rows: int | None = None) -> tuple[Table, pd.DataFrame]:
+    """A display table (``shown`` columns, first ``max_rows`` rows, best two marked) and the full numeric frame."""
+    visible = numeric if shown is None else numeric[shown]
+    visible = visible if max_rows is None else visible.head(max_rows)
+    frame = tables.display(visible, percent_pairs=percent_pairs, percent_columns=percent_columns)
+    return Table(name, title, caption, frame, tables.best_two(visible)), numeric

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from cellpath.vocabulary import CROSS_DOMAIN_PROTOCOLS, PROTOCOL_LABELS, PROTOCOLS, READOUTS
+from cellpath.vocabulary import (CROSS_DOMAIN_PROTOCOLS, HEADLINE_READOUT, HEADLINE_TAXONOMY, PROTOCOL_LABELS,
+                                 PROTOCOLS, READOUTS)
 
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}
 
@@ -54,7 +55,8 @@ def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame,
     """Per model: Tfine Nuc Macro-F1 mean/sd and 95% interval per protocol, CRA (Eq. 4) with its
     interval, CRT, and the panel-scope CRoMa median, LTM10 and RI of the Nuc readout (Tfine where
     scored, else Tcoarse)."""
-    chosen = _pick(summary, readout="Nuc", taxonomy="fine", magnification=magnification, metric="macro_f1")
+    chosen = _pick(summary, readout=HEADLINE_READOUT, taxonomy=HEADLINE_TAXONOMY, magnification=magnification,
+                   metric="macro_f1")
     frame = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
     for protocol in PROTOCOLS:
         rows = chosen[chosen["protocol"] == protocol].set_index("model")
@@ -65,8 +67,9 @@ def headline(summary: pd.DataFrame, cra_pooled: pd.DataFrame, crt: pd.DataFrame,
     frame["CRA low"] = pooled["low"].reindex(frame.index)
     frame["CRA high"] = pooled["high"].reindex(frame.index)
     frame["CRT"] = crt.set_index("model")["crt"].reindex(frame.index)
-    scored = _pick(robustness, readout="Nuc", magnification=magnification, scope="panel")
-    scored = scored.sort_values("taxonomy", key=lambda t: t != "fine", kind="mergesort").drop_duplicates("model")
+    scored = _pick(robustness, readout=HEADLINE_READOUT, magnification=magnification, scope="panel")
+    scored = scored.sort_values("taxonomy", key=lambda t: t != HEADLINE_TAXONOMY,
+                                kind="mergesort").drop_duplicates("model")
     for column, label in (("croma_median", "CRoMa median"), ("ltm", "LTM10"), ("ri", "RI")):
         frame[label] = scored.set_index("model")[column].reindex(frame.index)
     return frame
@@ -109,19 +112,19 @@ def cra_table(summary: pd.DataFrame, cra_pooled: pd.DataFrame, magnification: st
 
 
 def cross_domain_table(summary: pd.DataFrame, wins: pd.DataFrame, crt: pd.DataFrame, magnification: str,
-                       taxonomy: str = "fine") -> pd.DataFrame:
+                       taxonomy: str = HEADLINE_TAXONOMY) -> pd.DataFrame:
     """Table 5: Nuc Macro-F1 and Macro-AUROC (mean, sd, 95% interval) and Macro-F1 wins (the paper's,
     and Holm-corrected beside them) per cross-domain protocol, and CRT (from the paper's wins)."""
     table = pd.DataFrame(index=pd.Index(sorted(summary["model"].unique()), name="model"))
     for protocol in CROSS_DOMAIN_PROTOCOLS:
         name = PROTOCOL_LABELS[protocol]
         for metric, label in (("macro_f1", "F1"), ("macro_auroc", "AUROC")):
-            rows = _pick(summary, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
-                         metric=metric).set_index("model")
+            rows = _pick(summary, protocol=protocol, magnification=magnification, taxonomy=taxonomy,
+                         readout=HEADLINE_READOUT, metric=metric).set_index("model")
             for part in ("mean", "sd", "low", "high"):
                 table[f"{name} {label} {part}"] = rows[part].reindex(table.index)
-        won = _pick(wins, protocol=protocol, magnification=magnification, taxonomy=taxonomy, readout="Nuc",
-                    metric="macro_f1").set_index("model")
+        won = _pick(wins, protocol=protocol, magnification=magnification, taxonomy=taxonomy,
+                    readout=HEADLINE_READOUT, metric="macro_f1").set_index("model")
         table[f"{name} wins"] = won["wins"].reindex(table.index)
         table[f"{name} Holm wins"] = won["wins_holm"].reindex(table.index)
     table["CRT"] = crt.set_index("model")["crt"].reindex(table.index)
@@ -152,7 +155,7 @@ def landscape(cra_pooled: pd.DataFrame, crt: pd.DataFrame, registry: pd.DataFram
 
 def taxonomy_effect(summary: pd.DataFrame, magnification: str) -> pd.DataFrame:
     """Fig. 3a-b: Nuc Macro-F1 per model and protocol under Tfine and Tcoarse, with ranks."""
-    chosen = _pick(summary, magnification=magnification, readout="Nuc", metric="macro_f1")
+    chosen = _pick(summary, magnification=magnification, readout=HEADLINE_READOUT, metric="macro_f1")
     table = chosen.pivot_table(index=["protocol", "model"], columns="taxonomy", values="mean", aggfunc="first")
     table = table.reindex(columns=["fine", "coarse"]).reset_index()
     for taxonomy in ("fine", "coarse"):
@@ -160,17 +163,18 @@ def taxonomy_effect(summary: pd.DataFrame, magnification: str) -> pd.DataFrame:
     return table
 
 
-def readout_effect(summary: pd.DataFrame, magnification: str, taxonomy: str = "fine") -> pd.DataFrame:
+def readout_effect(summary: pd.DataFrame, magnification: str, taxonomy: str = HEADLINE_TAXONOMY) -> pd.DataFrame:
     """Fig. 3c: Macro-F1 per model, protocol and readout."""
     chosen = _pick(summary, magnification=magnification, taxonomy=taxonomy, metric="macro_f1")
     table = chosen.pivot_table(index=["protocol", "model"], columns="readout", values="mean", aggfunc="first")
     return table.reindex(columns=[r for r in READOUTS if r in table.columns]).reset_index()
 
 
-def magnification_effect(summary: pd.DataFrame, magnifications: list[str], taxonomy: str = "fine") -> pd.DataFrame:
+def magnification_effect(summary: pd.DataFrame, magnifications: list[str],
+                         taxonomy: str = HEADLINE_TAXONOMY) -> pd.DataFrame:
     """Fig. 3d: Nuc Macro-F1 per model, protocol and magnification, and retention relative to the
     highest magnification (the paper's 99.6 % at 20× and 92.9 % at 10× under IS)."""
-    chosen = _pick(summary, taxonomy=taxonomy, readout="Nuc", metric="macro_f1")
+    chosen = _pick(summary, taxonomy=taxonomy, readout=HEADLINE_READOUT, metric="macro_f1")
     table = chosen.pivot_table(index=["protocol", "model"], columns="magnification", values="mean", aggfunc="first")
     ordered = sorted((m for m in magnifications if m in table.columns), key=lambda m: -int(m.rstrip("x")))
     table = table.reindex(columns=ordered)
@@ -180,7 +184,7 @@ def magnification_effect(summary: pd.DataFrame, magnifications: list[str], taxon
 
 
 def panel_robustness(runs: pd.DataFrame, panels: pd.DataFrame, magnification: str,
-                     taxonomy: str = "fine") -> pd.DataFrame:
+                     taxonomy: str = HEADLINE_TAXONOMY) -> pd.DataFrame:
     """IS Nuc Macro-F1 and rank per model on each nested panel (S10 ⊂ … ⊂ S25).
 
     IS units are single sections, so a smaller panel's IS result is the organ-balanced mean over its
@@ -189,7 +193,7 @@ def panel_robustness(runs: pd.DataFrame, panels: pd.DataFrame, magnification: st
     ranking against the largest panel's.
     """
     panel_columns = sorted((c for c in panels.columns if re.fullmatch(r"S\d+", c)), key=lambda c: int(c[1:]))
-    ok = runs[(runs["status"] == "ok") & (runs["protocol"] == "is") & (runs["readout"] == "Nuc")
+    ok = runs[(runs["status"] == "ok") & (runs["protocol"] == "is") & (runs["readout"] == HEADLINE_READOUT)
               & (runs["taxonomy"] == taxonomy) & (runs["magnification"] == magnification)]
     per_unit = ok.groupby(["model", "organ", "unit"])["macro_f1"].mean().reset_index()
     rows = []
@@ -275,7 +279,7 @@ def sensitivity_table(agreement: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("comparison")
 
 
-def class_counts(label_summary: pd.DataFrame, taxonomy: str = "fine") -> pd.DataFrame:
+def class_counts(label_summary: pd.DataFrame, taxonomy: str = HEADLINE_TAXONOMY) -> pd.DataFrame:
     """Cells per class per section (Fig. 4), from the annotation summary's ``<taxonomy>:<class>``
     columns, with a panel total row and each class's share of the panel."""
     prefix = f"{taxonomy}:"

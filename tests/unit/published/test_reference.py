@@ -54,16 +54,40 @@ def _summary(rows: list[tuple[str, str, float, int]]) -> pd.DataFrame:
                           "metric": "macro_f1", "mean": mean, "sd": 0.05, "n_units": n} for m, p, mean, n in rows])
 
 
-def test_placement_ranks_this_run_among_the_paper(published):
+def test_a_comparable_run_is_ranked_among_the_paper(published):
     paper = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine")
     best, third = sorted(paper["mean"], reverse=True)[0], sorted(paper["mean"], reverse=True)[2]
     ours = _summary([("mine", "is", (best + 1.0) / 100, 11), ("other", "is", (third - 0.001) / 100, 11)])
-    table = placement(published, ours, {"mine": "My model"}, protocols=["is"], magnification="20x")
+    placed = placement(published, ours, {"mine": "My model"}, PAPER_RUN, protocols=["is"], magnification="20x")
+    assert placed.comparable and placed.reasons == () and placed.beside.empty
+    table = placed.ranked
     assert len(table) == 32 and table.iloc[0]["model"] == "My model" and table.iloc[0]["source"] == "this run"
     ranks = table.set_index("model")["is rank"]
     assert ranks["My model"] == 1 and ranks["other"] == 4
     own = table[table["source"] == "paper"]
     assert [1 + int((paper["mean"] > v).sum()) for v in own["is"]] == own["is rank"].tolist()  # ties share a rank
+
+
+@pytest.mark.parametrize("change", [{"source": "synthetic"}, {"seeds": {"is": 1, "iocd": 1, "mocv": 2, "looo": 2}},
+                                    {"max_train_cells": 5000}])
+def test_a_run_that_is_not_comparable_is_shown_beside_the_paper_without_a_rank(published, change):
+    paper = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine")
+    best = max(paper["mean"])
+    ours = _summary([("mine", "is", (best + 1.0) / 100, 11), ("other", "is", 0.2, 11), ("mine", "mocv", 0.3, 5)])
+    run = dataclasses.replace(PAPER_RUN, **change)
+    placed = placement(published, ours, {"mine": "My model"}, run, protocols=["is", "mocv"], magnification="20x")
+    assert not placed.comparable and list(placed.reasons) == comparability(run)
+    # the ranking holds the paper's models only, ranked as in the paper's own table
+    assert set(placed.ranked["source"]) == {"paper"} and len(placed.ranked) == 30
+    assert not {"My model", "other"} & set(placed.ranked["model"])
+    assert [1 + int((paper["mean"] > v).sum()) for v in placed.ranked["is"]] == placed.ranked["is rank"].tolist()
+    # this run's rows carry their means (pp) and no rank at all
+    beside = placed.beside.set_index("model")
+    assert sorted(beside.index) == ["My model", "other"] and set(beside["source"]) == {"this run"}
+    assert not [c for c in beside.columns if "rank" in c]
+    assert beside.at["My model", "is"] == pytest.approx(best + 1.0) and beside.at["other", "is"] == pytest.approx(20.0)
+    assert beside.at["My model", "mocv"] == pytest.approx(30.0) and np.isnan(beside.at["other", "mocv"])
+    assert beside.index[0] == "My model"  # best first
 
 
 def test_reproduction_differences_and_flags(published):

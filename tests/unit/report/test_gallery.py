@@ -8,8 +8,9 @@ import pytest
 import tifffile
 
 from cellpath.io.wsi import open_slide
-from cellpath.report.gallery import (OUTLINE_RGB, crop_geometry, lowest_margins, most_confident_errors,
-                                     outline_crop_px, read_crop, thumbnail)
+from cellpath.report.gallery import (OUTLINE_RGB, cell_lines, crop_geometry, errors_with_neighbours, list_conditions,
+                                     lowest_margins, most_confident_errors, neighbour_lines, outline_crop_px, read_crop,
+                                     thumbnail)
 
 KEYS = {"model": "m1", "magnification": "20x", "readout": "Nuc", "taxonomy": "fine"}
 
@@ -53,6 +54,39 @@ def test_most_confident_errors_count_a_cell_once_at_its_most_confident():
     assert list(zip(nuc["section_id"], nuc["cell_id"], nuc["confidence"])) == [
         ("s0", "a", 0.95), ("s0", "b", 0.90), ("s1", "a", 0.80)]
     assert chosen[chosen["readout"] == "Mean"]["cell_id"].tolist() == ["z"]
+
+
+def test_errors_take_their_neighbours_from_the_panel_scope_only():
+    errors = pd.DataFrame([{**KEYS, "seed": 0, "section_id": "s0", "cell_id": c, "confidence": p}
+                           for c, p in (("a", 0.9), ("b", 0.8))])
+    neighbours = {"so_section_id": "s1", "so_cell_id": "x", "so_distance": 0.1, "os_section_id": "s0",
+                  "os_cell_id": "y", "os_distance": 0.2}
+    margins = pd.DataFrame([{**KEYS, "scope": "panel", "unit": "panel", "section_id": "s0", "cell_id": "a",
+                             "margin": -0.4, **neighbours},
+                            {**KEYS, "scope": "organ", "unit": "Breast", "section_id": "s0", "cell_id": "b",
+                             "margin": -0.9, **neighbours}])
+    wrong = errors_with_neighbours(errors, margins, 5).set_index("cell_id")
+    assert list(wrong.index) == ["a", "b"] and wrong.at["a", "margin"] == -0.4 and wrong.at["a", "so_cell_id"] == "x"
+    assert np.isnan(wrong.at["b", "margin"]) and pd.isna(wrong.at["b", "so_cell_id"])  # scored only at organ scope
+
+
+def test_list_conditions_follow_the_vocabulary_order():
+    frame = pd.DataFrame([{**KEYS, "magnification": m, "readout": r, "taxonomy": t}
+                          for m, r, t in (("10x", "Mean", "fine"), ("20x", "Mean", "coarse"), ("20x", "Nuc", "coarse"),
+                                          ("20x", "Nuc", "coarse"), ("40x", "Cls", "fine"))])
+    assert [(c["magnification"], c["readout"], c["taxonomy"]) for c in list_conditions(frame)] == [
+        ("40x", "Cls", "fine"), ("20x", "Nuc", "coarse"), ("20x", "Mean", "coarse"), ("10x", "Mean", "fine")]
+
+
+def test_captions_name_the_cell_its_error_margin_and_neighbour_distance():
+    row = {"section_id": "s0", "cell_id": "a", "true_class": "T", "predicted_class": "P", "confidence": 0.912,
+           "margin": -0.12345}
+    label = pd.Series({"type_68": "CD8 T cell", "fine": "Lymphocyte"})
+    assert cell_lines(row, label) == ["s0 · a", "68-type: CD8 T cell; Tfine: Lymphocyte",
+                                      "true T → predicted P (0.91)", "CRoMa margin -0.123"]
+    assert cell_lines({"section_id": "s0", "cell_id": "a", "margin": np.nan}, None) == ["s0 · a"]
+    # a near-duplicate neighbour keeps its distance: 3 significant digits, never "0.000"
+    assert neighbour_lines("os", "s1", "b", "Immune", 0.000361) == ["OS · s1 · b", "Immune; cosine distance 0.000361"]
 
 
 def _dot_slide(tmp_path, centre: tuple[int, int], size=(600, 700)) -> tuple:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 import yaml
 
 from cellpath.config import parse_params
+from cellpath.probing.summary import headline_metrics, run_counts, summarise
+from cellpath.probing.tasks import ERROR_KEYS
 from cellpath.report import tables
 from cellpath.report.thumbnails import crop_bounds, section_thumbnail
-from cellpath.stages.probe import ERROR_KEYS, headline_metrics, run_counts, summarise, write_outputs
+from cellpath.stages.probe import write_outputs
 from cellpath.stages.report import load_inputs
 from cellpath.stages.report import run as run_report_stage
 from helpers.browser import CHROMIUM, dump_dom, screenshot
@@ -375,12 +378,31 @@ def test_nipd_joins_only_the_robustness_rows_of_its_own_condition():
     assert (table["k_selected"] == 7).all()
 
 
-def test_published_reference_places_the_run_among_the_papers_models(page):
-    table = page["tables"]["published_placement"]
-    header, rows = table[0], {row[0]: row for row in table[1:]}
-    assert len(rows) == 30 + len(MODELS) and {"UNI2", "H-Optimus-1", *MODELS} <= set(rows)
-    assert header[1] == "source" and rows["filterbank-dense"][1] == "this run" and rows["UNI2"][1] == "paper"
+def test_a_run_that_is_not_comparable_is_shown_beside_the_paper_and_never_ranked(page):
+    """The constructed run is simulated with its own panel, seeds and gates: its models sit beside the
+    paper's 30 with their means and the reasons, and no rank of theirs appears anywhere."""
+    ranked = page["tables"]["published_placement"]
+    header, rows = ranked[0], {row[0]: row for row in ranked[1:]}
+    assert len(rows) == 30 and {"UNI2", "H-Optimus-1"} <= set(rows) and not set(MODELS) & set(rows)
+    assert {row[header.index("source")] for row in rows.values()} == {"paper"}
+    beside = page["tables"]["published_this_run"]
+    assert [row[0] for row in beside[1:]] == list(MODELS)  # best first
+    assert not [c for c in beside[0] if "rank" in c.lower()]
+    assert _cell(page["tables"], "published_this_run", "filterbank-dense", "IS") == "62.67"
+    # the files say the same: no row of this run among the ranked, no rank column beside
+    placed = pd.read_csv(page["reports"] / "tables" / "published_placement.csv")
+    assert set(placed["source"]) == {"paper"} and not set(MODELS) & set(placed["model"])
+    assert not [c for c in pd.read_csv(page["reports"] / "tables" / "published_this_run.csv").columns if "rank" in c]
     html = page["path"].read_text()
-    assert "Not comparable: simulated panel" in html
+    section = html[html.index('<section id="published">'):]
+    section = section[:section.index("</section>")]
+    assert "among the paper" not in section and "this run beside them (not comparable, not ranked)" in section
+    assert "Not comparable, so not ranked" in section and "simulated panel (source: synthetic)" in section
+    for table in re.findall(r"<table id=.*?</table>", section, flags=re.S):
+        parser = _Tables()
+        parser.feed(table)
+        (name, cells), = parser.tables.items()
+        ours = [row for row in cells[1:] if row[0] in MODELS]
+        assert not ours or not [c for c in cells[0] if "rank" in c.lower()], name
     # the reproduction check needs the paper's configuration: its table says why it is empty
     assert "the run is not the paper&#39;s configuration" in html or "the run is not the paper's configuration" in html

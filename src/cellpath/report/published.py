@@ -1,0 +1,94 @@
+"""The report's published reference: the paper's 30 models in the headline condition (Tfine, Nuc,
+Macro-F1, S25), this run's models ranked among them only when the run is the paper's configuration
+(beside them, unranked, when it is not), and the reproduction check (ours − published, pp)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cellpath.published.reference import Placement, placement, published_condition, reproduction
+from cellpath.report.inputs import ReportInputs, protocols_run
+from cellpath.report.render import Table, display_table
+from cellpath.vocabulary import HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_PANEL, PROTOCOL_LABELS, TAXONOMY_LABELS
+
+RANK_RULE = "rank: 1 + the number of the paper's models with a higher mean."
+#: The published condition as the titles name it (Tfine, Nuc, Macro-F1).
+CONDITION = f"{TAXONOMY_LABELS[HEADLINE_TAXONOMY]}, {HEADLINE_READOUT}, Macro-F1"
+
+
+def published_tables(inputs: ReportInputs, headline: str) -> dict[str, tuple[Table, pd.DataFrame]]:
+    """``published_placement`` (the paper's models ranked, this run's among them when comparable),
+    ``published_this_run`` (only when not comparable: this run's means, unranked, and why) and
+    ``published_reproduction``; ``headline``: the headline magnification."""
+    names = dict(zip(inputs.registry["slug"], inputs.registry["name"]))
+    protocols = protocols_run(inputs.runs)
+    placed = placement(inputs.published, inputs.probe["summary"], names, inputs.run_configuration,
+                       protocols=protocols, magnification=headline)
+    out = {"published_placement": _placement_table(placed, protocols, headline,
+                                                   _paper_tables(inputs.published, protocols, headline))}
+    if not placed.comparable:
+        out["published_this_run"] = _beside_table(placed, protocols, headline)
+    out["published_reproduction"] = _reproduction_table(inputs, names, placed.reasons)
+    return out
+
+
+def _paper_tables(published: pd.DataFrame, protocols: list[str], headline: str) -> str:
+    """The paper's tables the headline condition's values come from, e.g. '15, 87, 105, 123' ('–': none)."""
+    sources = sorted({int(t) for p in protocols for t in published_condition(
+        published, protocol=p, magnification=headline, readout=HEADLINE_READOUT, taxonomy=HEADLINE_TAXONOMY)["table"]})
+    return ", ".join(map(str, sources)) or "–"
+
+
+def _shown(numeric: pd.DataFrame, protocols: list[str]) -> pd.DataFrame:
+    """Ranks as whole numbers ('–' where undefined) and protocols by their labels."""
+    shown = numeric.copy()
+    for column in [c for c in shown.columns if c.endswith(" rank")]:
+        shown[column] = ["–" if pd.isna(v) else str(int(v)) for v in shown[column]]
+    return shown.rename(columns={p: PROTOCOL_LABELS[p] for p in protocols}
+                        | {f"{p} rank": f"{PROTOCOL_LABELS[p]} rank" for p in protocols})
+
+
+def _by_model(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.set_index("model") if len(frame) else pd.DataFrame(index=pd.Index([], name="model"))
+
+
+def _placement_table(placed: Placement, protocols: list[str], headline: str,
+                     sources: str) -> tuple[Table, pd.DataFrame]:
+    """The paper's models ranked; this run's among them only when the run is comparable."""
+    numeric = _by_model(placed.ranked)
+    if placed.comparable:
+        caption = ("Comparable: this run is the paper's configuration (S25, seeds, class gates). The paper's 30 "
+                   f"models (its Tables {sources}; pp) with this run's models placed among them; {RANK_RULE}")
+    else:
+        caption = (f"The paper's 30 models (its Tables {sources}; pp), ranked among themselves; {RANK_RULE} This run "
+                   "is not the paper's configuration, so its models are shown beside this table, not ranked in it.")
+    return display_table("published_placement", f"Published reference — {CONDITION}, {headline}, {PAPER_PANEL}",
+                         caption, _shown(numeric, protocols), percent_pairs=False, percent_columns=())
+
+
+def _beside_table(placed: Placement, protocols: list[str], headline: str) -> tuple[Table, pd.DataFrame]:
+    """This run's means in the published condition, without a rank, and what differs from the paper."""
+    numeric = _by_model(placed.beside.drop(columns="source"))
+    caption = ("Not comparable, so not ranked — this run differs from the paper's configuration: "
+               + "; ".join(placed.reasons) + ". Its models' means (pp) in the same condition, beside the paper's "
+               "and not among them: the paper's values are context only.")
+    return display_table("published_this_run", f"This run beside the published reference — {CONDITION}, {headline}",
+                         caption, _shown(numeric, protocols), percent_pairs=False, percent_columns=())
+
+
+def _reproduction_table(inputs: ReportInputs, names: dict[str, str],
+                        reasons: tuple[str, ...]) -> tuple[Table, pd.DataFrame]:
+    """Ours − published per model and condition, for a comparable run with models the paper tested."""
+    published_models = set(inputs.published["model"])
+    ours_published = {slug: name for slug, name in names.items() if name in published_models}
+    checked = reproduction(inputs.published, inputs.probe["summary"], ours_published) \
+        if not reasons and ours_published else pd.DataFrame(columns=["model"])
+    table = display_table("published_reproduction", "Reproduction check — ours − published",
+                          "Per model and condition both have: the paper's mean, ours, the difference (pp) and the "
+                          "tolerance its SD implies for a mean over the same balanced units (±1.96·SD/√n); flagged "
+                          "outside it.", _by_model(checked), percent_pairs=False, percent_columns=())
+    if reasons:
+        table[0].empty_reason = "the run is not the paper's configuration: " + "; ".join(reasons)
+    elif not ours_published:
+        table[0].empty_reason = "none of this run's encoders is one of the paper's 30"
+    return table
