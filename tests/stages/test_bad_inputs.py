@@ -7,7 +7,7 @@ instead of an exception. Every row then checks that the failing step left no par
 outputs are absent or byte-identical to before, and no temporary sibling of an atomic write
 (``cellpath.io.atomic._temporary_sibling``) remains anywhere under ``tmp_path``.
 
-The row count is the number the README quotes ("N bad inputs tried, each rejected with a clear
+The row count is the number docs/reliability.md quotes ("N bad inputs are tried, each rejected with a clear
 error"); ``test_row_count`` pins it so that adding a row is a conscious change.
 """
 
@@ -547,5 +547,5 @@ def test_bad_input(row_id, tiny_panel, tmp_path, monkeypatch):
 
 
 def test_row_count():
-    """The README quotes this number; change both together."""
+    """docs/reliability.md quotes this number; change both together."""
     assert len(ROWS) == 25

@@ -121,7 +121,7 @@ def test_taxonomy_rank_agreement():
     assert taxonomy_rank_agreement(summary, protocol="is") == pytest.approx(0.8)
 
 
-# --- significance tests over (unit, seed) pairs (issue #17; docs/decisions/0016) -------------------------
+# --- significance tests over (unit, seed) pairs (docs/decisions/0016) -----------------------------------
 
 
 def test_wins_pair_every_unit_and_seed():

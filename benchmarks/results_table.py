@@ -1,0 +1,363 @@
+"""benchmarks/README.md, generated from the measurements in benchmarks/results/*.json.
+
+Every figure the README and docs/ quote from a benchmark lives in one of those JSON files, with the
+date, the commit and the machine it was measured on; this script turns them into the one table
+people read, so the table cannot drift from the numbers. A JSON file without a row builder here is
+an error, not a silent omission.
+
+Usage: python benchmarks/results_table.py            # write benchmarks/README.md
+       python benchmarks/results_table.py --check    # exit 1 when benchmarks/README.md is not what the JSONs give
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "benchmarks" / "README.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    benchmark: str
+    measured: str
+    against: str
+    headline: str
+    date: str
+    commit: str
+    machine: str
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def ratio(spread: dict, unit: str = "×", digits: int = 2) -> str:
+    """A median with its range: ``1.07× (1.06–1.09)``."""
+    return f"{spread['median']:.{digits}f}{unit} ({spread['min']:.{digits}f}–{spread['max']:.{digits}f})"
+
+
+def duration(seconds: float) -> str:
+    """``542`` → ``9 min 2 s``; under a minute, seconds."""
+    seconds = round(seconds)
+    minutes, rest = divmod(seconds, 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def thousands(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def machine_of(record: dict) -> str:
+    machine = record["machine"]
+    return machine["description"] if isinstance(machine, dict) else machine
+
+
+def when(record: dict) -> dict:
+    return {"date": record["date"], "commit": record["commit"], "machine": machine_of(record)}
+
+
+def records(data: dict) -> list[dict]:
+    """The dated records of one JSON file: its measurements, or the file itself."""
+    return data["measurements"] if "measurements" in data else [data]
+
+
+# --------------------------------------------------------------- row builders
+
+
+def executor_rows(d: dict) -> list[Row]:
+    runs = d["probe_stage"]["runs"]
+    one, two, dask = runs["local-1"], runs["local-2"], runs["dask-2"]
+    same = "identical run tables" if d["probe_stage"]["identical_run_tables"] else "run tables differ"
+    return [Row("executor (`bench_executor.py`)",
+                f"the default's probe stage, {one['tasks']} tasks, one thread per worker: local executor with 2 "
+                "workers; Dask LocalCluster with 2 workers",
+                f"local executor, 1 worker ({one['seconds']:.0f} s)",
+                f"local 2 workers {two['speedup_vs_local_1']}× ({two['seconds']:.0f} s); Dask 2 workers "
+                f"{dask['speedup_vs_local_1']}× ({dask['seconds']:.0f} s); one run each; {same}; Dask overhead "
+                f"{d['dask_overhead']['overhead_ms_per_task']:.1f} ms per task",
+                **when(d))]
+
+
+def extract_rows(d: dict) -> list[Row]:
+    return [
+        Row("extraction (`bench_extract.py`)",
+            f"the extract pipeline, {d['encoder']} at {d['magnification']}, one section ({d['patches']} patches), "
+            f"alternated {d['repeats']}×",
+            "the bare forward pass on the same patches (no reading)",
+            f"bare ÷ pipeline time {ratio(d['ratio_raw_over_pipeline'], '', 3)} reading ahead, "
+            f"{ratio(d['ratio_raw_over_from_store'], '', 3)} from the shared patch store; "
+            f"{d['pipeline_patches_per_s']:.1f} patches/s",
+            **when(d)),
+        Row("patch store (`bench_extract.py`)",
+            "patches one reader thread delivers from the shared patch store",
+            "tiatoolbox reads from the slide",
+            f"{ratio(d['ratio_store_read_rate_over_slide'], '×', 1)}: "
+            f"{thousands(d['read_patches_per_s']['shared_store']['median'])} against "
+            f"{thousands(d['read_patches_per_s']['slide']['median'])} patches/s",
+            **when(d)),
+    ]
+
+
+def fetch_ingest_rows(d: dict) -> list[Row]:
+    return [Row("fetch + ingest (`bench_fetch_ingest.py`)",
+                f"fetch and ingest of the default panel of that date ({d['sections']} sections, 2,000 cells each)",
+                f"the {d['budget_s'] / 60:.0f}-minute budget",
+                f"{d['fetch_plus_ingest_s']:.1f} s (fetch {d['fetch_s']:.1f} s + ingest {d['ingest_s']:.1f} s), "
+                f"{d['fetch_plus_ingest_s'] / d['budget_s']:.2f} of the budget; one run",
+                **when(d))]
+
+
+def probe_rows(d: dict) -> list[Row]:
+    speed, scipy_agreement = d["speed"], d["agreement"]["scipy"]
+    floor, mlflow = d["floor"], d["mlflow"]["mlflow_share"]
+    return [
+        Row("probe fits (`bench_probe.py`)",
+            f"{scipy_agreement['runs']} runs × {len(d['probe']['c_grid'])} Cs of ViT-Ti 20× Nuc, one BLAS thread "
+            "each, alternated 3×: the per-fit scipy solver; the batched torch solver",
+            "a scikit-learn `LogisticRegression` loop doing the same fits",
+            f"scipy {ratio(speed['speedup_vs_sklearn_loop'], digits=3)}; torch on the CPU "
+            f"{ratio(speed['torch_solver_speedup_vs_sklearn_loop'], digits=3)}",
+            **when(d)),
+        Row("probe agreement (`bench_probe.py`)",
+            f"the default's tol {d['probe']['tol']:g}: test Macro-F1 and the chosen C of {scipy_agreement['fits']} "
+            "fits",
+            f"scikit-learn at tol {d['reference']['tol']:g}",
+            f"{scipy_agreement['fit_share_within_0.1pp']:.0%} of fits within 0.1 pp (max "
+            f"{scipy_agreement['max_abs_difference_points']} pp), the same C on "
+            f"{scipy_agreement['selection_share_equal']:.0%} of runs, "
+            f"{scipy_agreement['fits_not_converged']} fits not converged",
+            **when(d)),
+        Row("probe floor (`bench_probe.py`)",
+            f"the largest task's fit ({thousands(floor['training_cells'])} cells, {floor['width']} features, "
+            f"{floor['classes']} classes)",
+            f"its arithmetic floor ({thousands(floor['evaluations'])} evaluations × two matrix products at "
+            f"{floor['gflops']:.1f} GFLOP/s)",
+            f"{floor['wall_over_floor']:.2f}× the floor",
+            **when(d)),
+        Row("MLflow cost (`bench_probe.py`)",
+            "the probe stage with MLflow tracking, fresh work folders, alternated 3×",
+            "the same stage without tracking",
+            f"median share {mlflow['median']:.2%} ({mlflow['min']:+.1%} to {mlflow['max']:+.1%})",
+            **when(d)),
+    ]
+
+
+def robustness_rows(d: dict) -> list[Row]:
+    kinds = d["settings"]["kinds"]
+    parts, worst = [], 0.0
+    for kind in kinds:
+        sizes = [r for r in d["runs"] if r["kind"] == kind and r.get("croma_run")]
+        spec = kinds[kind]
+        label = (f"{len(spec['type_frequencies'])} balanced types × {spec['n_sections']} sections" if kind == "balanced"
+                 else f"{len(spec['type_frequencies'])} skewed types × {spec['n_sections']} sections")
+        parts.append(f"{label}: " + ", ".join(f"{ratio(r['speedup_vs_croma'], '×', 1)} at {thousands(r['n'])}"
+                                             for r in sorted(sizes, key=lambda r: r["n"])))
+        worst = max([worst, *(r["abs_differences"]["per_sample_croma_max_abs"] for r in sizes)])
+    return [Row("robustness (`bench_robustness.py`)",
+                f"CRoMa + RI + MaRI at d = {d['settings']['d']} on two kinds of data, ours and croma "
+                f"{d['machine']['croma']} in one process under the same BLAS, alternated {d['settings']['repeats']}×",
+                "croma's public API computing the same metrics",
+                "; ".join(parts) + f"; every margin within {worst:.2g} of croma's",
+                **when(d))]
+
+
+def scale_rows(d: dict) -> list[Row]:
+    first = d["sizes"][0]
+    wall, heap = first["ratio_streamed_over_in_memory"]["wall"], first["ratio_streamed_over_in_memory"]["peak_anon_rss"]
+    low, high = d["estimates"]["ratio_range"]
+    within = "all within 2×" if d["estimates"]["within_2x"] else "not all within 2×"
+    return [
+        Row("streamed probe (`bench_scale.py`)",
+            f"the probe stage at {thousands(first['n_cells'])} cells, D = {d['width']:,}, streamed "
+            f"({d['budget_mb']} MB budget), 3 alternations",
+            f"in-memory fits ({d['baseline_budget_mb'] // 1024} GB budget)",
+            f"wall {ratio(wall, digits=3)}, heap {ratio(heap, digits=3)}",
+            **when(d)),
+        Row("cost model (`bench_scale.py`)",
+            "the estimates of `cellpath plan`'s cost model "
+            f"({len(d['estimates']['rows'])} runs: probe 0.1M–7M cells, robustness 25k–1M)",
+            "the measured wall time and heap of each run",
+            f"estimate ÷ measured {low:.2f}–{high:.2f}, {within}",
+            **when(d)),
+    ]
+
+
+def slide_read_rows(d: dict) -> list[Row]:
+    slide = d["slide"]
+    low, high = d["ratio_spread"]
+    return [Row("slide reads (`bench_slide_read.py`)",
+                f"{d['patches']} patches of {d['patch_px']} px at {d['target_mpp']} µm/px from a 10x-size slide "
+                f"({slide['side_px']:,} px a side, {slide['file_bytes'] / 1e6:.0f} MB): {d['pipeline']}, "
+                f"alternated {len(d['rounds'])}×",
+                f"{d['baseline']}",
+                f"baseline ÷ pipeline time {d['median_ratio_baseline_over_pipeline']:.2f} ({low:.2f}–{high:.2f}): "
+                f"{d['pipeline_patches_per_s']:.0f} against {d['baseline_patches_per_s']:.0f} patches/s",
+                **when(d))]
+
+
+def pipeline_rows(d: dict) -> list[Row]:
+    rows = []
+    for m in d["measurements"]:
+        kind = m["id"]
+        if kind in ("make-run", "dvc-repro", "dvc-repro-force"):
+            command = {"make-run": "make run", "dvc-repro": "dvc repro", "dvc-repro-force": "dvc repro -f"}[kind]
+            repro = m.get("dvc_repro_seconds", m["seconds"])
+            headline = duration(m["seconds"])
+            if "dvc_repro_seconds" in m:
+                headline += f", of which the install {duration(m['install_seconds'])} and `dvc repro` {duration(repro)}"
+            headline += f" ({repro / m['budget_seconds']:.2f} of the budget)"
+            rows.append(Row(f"pipeline: `{command}`", m["what"], "the 10-minute budget for the default's `dvc repro`",
+                            headline, **when(m)))
+        elif kind == "probe-stage":
+            rows.append(Row("pipeline: probe stage", m["what"], "—",
+                            f"{duration(m['seconds'])} ({duration(m['fit_seconds'])} fitting): {m['runs_fitted']} "
+                            f"runs fitted, {m['runs_unavailable']} unavailable, {m['mlflow_runs']} MLflow runs",
+                            **when(m)))
+        elif kind == "dask-dvc-repro":
+            same = "every output equal" if m["identical_to_local"] else "outputs differ"
+            rows.append(Row("pipeline: Dask executor", m["what"], "the local executor's outputs",
+                            f"{duration(m['seconds'])}, {same}; the first such run {duration(m['first_run_seconds'])}",
+                            **when(m)))
+        elif kind == "dask-malloc-trim":
+            rows.append(Row("pipeline: Dask worker memory", m["what"], "glibc's adaptive mmap",
+                            f"{m['slowdown']}× slower", **when(m)))
+        elif kind in ("make-test", "make-test-fast"):
+            command = "make test" if kind == "make-test" else "make test-fast"
+            if "seconds_each" in m:
+                each = m["seconds_each"]
+                headline = (f"{duration(min(each))} – {duration(max(each))} over {len(each)} runs, the suite "
+                            f"{duration(m['suite_seconds_range'][0])} – {duration(m['suite_seconds_range'][1])}")
+            else:
+                headline = duration(m["seconds"])
+                if "suite_seconds" in m:
+                    headline += f", the suite {duration(m['suite_seconds'])}"
+            if "passed" in m:
+                headline += f"; {m['passed']} passed"
+            rows.append(Row(f"pipeline: `{command}`", m["what"], "—", headline, **when(m)))
+        elif kind == "dvc-exp-show-width":
+            rows.append(Row("pipeline: `dvc exp show` width", m["what"], "a 200-column terminal",
+                            f"{m['columns']} columns", **when(m)))
+        else:
+            raise SystemExit(f"pipeline.json: no row for measurement id {kind!r} (add it to {Path(__file__).name})")
+    return rows
+
+
+BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
+    "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
+    "robustness": robustness_rows, "scale": scale_rows, "slide_read": slide_read_rows, "pipeline": pipeline_rows,
+}
+
+
+# ------------------------------------------------------------------- rendering
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+
+
+def load_results(folder: Path = RESULTS) -> dict[str, dict]:
+    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json"))}
+
+
+def stage_table(pipeline: dict) -> list[str]:
+    stages = ["fetch", "ingest", "annotate", "concordance", "extract", "probe", "robustness", "gallery", "report"]
+    rows = []
+    for m in pipeline["measurements"]:
+        if "stage_seconds" not in m:
+            continue
+        times = m["stage_seconds"]
+        shown = [" + ".join(f"{t}" for t in times[s]) if isinstance(times.get(s), list)
+                 else (f"{times[s]}" if s in times else "") for s in stages]
+        rows.append([f"`{m['id']}`", m["date"], m["commit"], *shown, f"{m.get('dvc_repro_seconds', m['seconds'])}"])
+    return table(["run", "date", "commit", *stages, "`dvc repro`"], rows)
+
+
+def scale_table(scale: dict) -> list[str]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in scale["estimates"]["rows"]:
+        groups.setdefault((r["stage"], r["mode"], r["n_cells"]), []).append(r)
+
+    def span(values: list[float], fmt: str) -> str:
+        low, high = min(values), max(values)
+        return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)}–{format(high, fmt)}"
+
+    rows = []
+    for (stage, mode, n), group in groups.items():
+        rows.append([stage, mode, thousands(n), str(len(group)),
+                     span([g["measured_s"] for g in group], ".1f"), span([g["estimate_s"] for g in group], ".1f"),
+                     span([g["ratio_s"] for g in group], ".2f"),
+                     span([g["measured_heap_mb"] for g in group], ".0f"),
+                     span([g["estimate_heap_mb"] for g in group], ".0f"),
+                     span([g["ratio_heap"] for g in group], ".2f")])
+    return table(["stage", "mode", "cells", "runs", "wall s", "estimate s", "estimate ÷ wall", "heap MB",
+                  "estimate MB", "estimate ÷ heap"], rows)
+
+
+def render(results: dict[str, dict]) -> str:
+    rows: list[Row] = []
+    for name, data in sorted(results.items(), key=lambda item: (item[0] != "pipeline", item[0])):
+        benchmark = data.get("benchmark", name)
+        if benchmark not in BUILDERS:
+            raise SystemExit(f"{name}.json: no row builder for benchmark {benchmark!r} in {Path(__file__).name}")
+        rows += BUILDERS[benchmark](data)
+    lines = [
+        "# Benchmarks: what was measured, against what, when and where",
+        "",
+        "Generated by `python benchmarks/results_table.py` from `benchmarks/results/*.json`; do not edit by hand",
+        "(`--check` fails, and so does `tests/unit/docs/test_benchmarks_readme.py`, when this file and the JSONs",
+        "disagree). Each JSON records the date, the commit and the machine of its numbers; `commit` is the code",
+        "measured where the record names it, else the commit that wrote the numbers (`recorded_in`). Ratios are",
+        "medians with their range over the alternated repeats; a single run says so. The scripts that write",
+        "the JSONs are beside this file (`bench_*.py`); the pipeline's timings come from the commits that",
+        "recorded them.",
+        "",
+        *table(["benchmark", "measured", "against", "headline (spread)", "date", "commit", "machine"],
+               [[r.benchmark, r.measured, r.against, r.headline, r.date, f"`{r.commit}`", r.machine] for r in rows]),
+    ]
+    if "pipeline" in results:
+        lines += ["", "## Stage times of the end-to-end runs (seconds)", "", *stage_table(results["pipeline"])]
+        notes = [m for m in results["pipeline"]["measurements"] if m.get("notes")]
+        lines += ["", *[f"- `{m['id']}` ({m['date']}, `{m['commit']}`): {m['notes']}." for m in notes]]
+    if "scale" in results:
+        lines += ["", "## The cost model against the scale runs (`scale.json`)", "",
+                  "Synthetic panels written straight into the feature store (D = 1,280); the probe ran LOOO, Tfine,",
+                  "Nuc, one C, fits capped at 3 L-BFGS iterations (cost per iteration, not scores); robustness ran",
+                  "Nuc, Tfine, the panel scope. Heap is the anonymous RSS. Each size records the commit it ran at.",
+                  "", *scale_table(results["scale"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when benchmarks/README.md differs")
+    args = parser.parse_args(argv)
+    text = render(load_results())
+    if args.check:
+        current = README.read_text(encoding="utf-8") if README.exists() else ""
+        if current != text:
+            diff = difflib.unified_diff(current.splitlines(), text.splitlines(), "benchmarks/README.md (committed)",
+                                        "benchmarks/README.md (from the JSONs)", lineterm="", n=0)
+            print("\n".join(list(diff)[:40]), file=sys.stderr)
+            print("benchmarks/README.md is stale: run python benchmarks/results_table.py", file=sys.stderr)
+            return 1
+        print("benchmarks/README.md is up to date")
+        return 0
+    README.write_text(text, encoding="utf-8")
+    print(f"wrote {README.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
