@@ -9,7 +9,7 @@ the same module's ``forward_features`` in fp32 on the same tiles: ``speedup`` = 
 autocast time. Writes ``$OUT/encoder_gpu.json`` (or benchmarks/results/) with img/s, the speedup,
 peak GPU memory, whether the tokens are finite and the grid shape.
 
-Usage (the device tool's one prepared script): python benchmarks/bench_encoder_gpu.py [--device cuda]
+Usage (on a machine with a GPU): python benchmarks/bench_encoder_gpu.py [--device cuda]
 [--batch 64] [--batches 10]; ``--device cpu --batch 2 --batches 1`` is the smoke run.
 """
 
@@ -29,6 +29,8 @@ import torch
 from cellpath.features.encoders.beit3_format import Beit3Tokens
 from cellpath.features.encoders.loading import build_timm_module, images_to_tensor, load_encoder
 from cellpath.features.encoders.registry import EncoderSpec, load_registry
+
+from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"timm": "UNI2", "transformers": "Phikon-v2", "open_clip": "OmiCLIP", "beit3": "MUSK",
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--families", nargs="*", default=list(FAMILIES))
     args = parser.parse_args()
+    stamp = run_stamp()
     device = torch.device(args.device)
     registry = load_registry(ROOT / "models" / "encoders.yaml")
     rows = []
@@ -130,6 +133,9 @@ def main() -> None:
     result = {"benchmark": "encoder_gpu", "device": torch.cuda.get_device_name(device) if device.type == "cuda"
               else platform.processor() or "cpu", "batch": args.batch, "batches": args.batches, "models": rows,
               "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    result = with_provenance(result | {"machine": {
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads()}}, stamp)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results") / "encoder_gpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 

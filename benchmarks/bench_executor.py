@@ -32,6 +32,8 @@ from cellpath.config import load_params, parse_params  # noqa: E402
 from cellpath.runtime.executor import Task, run_tasks  # noqa: E402
 from cellpath.stages.probe import run as run_probe_stage  # noqa: E402
 
+from provenance import run_stamp, with_provenance  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTORS = {"local-1": {"backend": "local", "workers": 1}, "local-2": {"backend": "local", "workers": 2},
              "dask-2": {"backend": "dask", "workers": 2}}
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--noop-tasks", type=int, default=200)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "executor.json"))
     args = parser.parse_args()
+    stamp = run_stamp()
     os.chdir(ROOT)
     params = load_params("params.yaml")
     data = params.model_dump(mode="json")
@@ -114,6 +117,7 @@ def main() -> None:
               "probe_stage": probe, "dask_overhead": overhead,
               "machine": {"cpus": os.cpu_count(), "threads_per_worker": 1, "python": platform.python_version(),
                           "load_average_at_start": list(load_start), "load_average_at_end": list(os.getloadavg())}}
+    result = with_provenance(result, stamp)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

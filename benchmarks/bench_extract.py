@@ -6,7 +6,7 @@ the encoder's bare ``forward_tokens`` on the very same patches already in memory
 raw_time / pipeline_time is the share of time spent in the model (target: ≥ 0.9, i.e. tiling,
 reading and sampling cost ≤ 10 %). The pipeline runs with patches read ahead on a background
 thread (the default, ``read_ahead_batches`` 2) and, as the baseline, read on demand in the main
-thread (0, the behaviour before #21), and from the shared patch store a second encoder of the same
+thread (0, the behaviour before reading ahead), and from the shared patch store a second encoder of the same
 input size reads (``cellpath.features.patch_cache``). Reading alone is timed too: patches/s one
 reader delivers from the slide and from the store. All alternate ``--repeats`` times and the
 medians and ranges of the ratios are reported, with threadpoolctl's BLAS report. Writes
@@ -42,6 +42,8 @@ from cellpath.io.sections import read_section_index, read_section_table
 from cellpath.io.wsi import open_slide
 from cellpath.vocabulary import MAGNIFICATION_MPP
 
+from provenance import run_stamp, with_provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--section", default=None)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    stamp = run_stamp()
     params = load_params(ROOT / "params.yaml")
     spec = {s.slug: s for s in load_registry(ROOT / params.extract.registry).values()}[args.encoder]
     data = ROOT / "data"
@@ -122,6 +125,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "python": platform.python_version(), "torch": torch.__version__},
     }
+    result = with_provenance(result, stamp)
     out = ROOT / "benchmarks" / "results" / "extract.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -23,6 +23,8 @@ import time
 import warnings
 from pathlib import Path
 
+from provenance import run_stamp, with_provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 180.0
 
@@ -49,6 +51,7 @@ def _reader_floor(raw: Path) -> float:
 
 
 def main() -> None:
+    stamp = run_stamp()
     with tempfile.TemporaryDirectory(dir=ROOT / "benchmarks") as tmp:
         data = Path(tmp) / "data"
         fetch_s = _stage("fetch", data)
@@ -79,6 +82,7 @@ def main() -> None:
         },
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
+    result = with_provenance(result, stamp)
     out = ROOT / "benchmarks" / "results" / "fetch_ingest.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -4,7 +4,7 @@ same fits, distance from the arithmetic floor on a large task, and MLflow's shar
 Tasks: every planned run of the default panel (both taxonomies, every protocol, the IS split as the
 stage plans it), one encoder's Nuc features at one magnification, params.yaml's C grid.
 
-1. Agreement (issue #17, item 2). Ours: ``probe.fit_tasks`` with params.yaml's tol / max_iter, per
+1. Agreement. Ours: ``probe.fit_tasks`` with params.yaml's tol / max_iter, per
    solver. Reference: ``LogisticRegression(C, tol=1e-8, max_iter=10000)`` on the same standardised
    training cells. Per (run, C): |Δ test Macro-F1| ≤ 0.1 pp on ≥ 99 % of fits; per run: the same C
    chosen on validation on ≥ 95 %.
@@ -50,10 +50,11 @@ from cellpath.probing.fit import ProbeTask, fit_tasks, standardised, standardise
 from cellpath.probing.plan import class_codes
 from cellpath.probing.scores import macro_f1
 from cellpath.runtime.tracking import Tracker
-from cellpath.stages.probe import plan_magnification
+from cellpath.probing.tasks import plan_magnification
 from cellpath.stages.probe import run as run_probe_stage
 
 from blas_conditions import blas_report, restart_without_slow_blas
+from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = {"tol": 1e-8, "max_iter": 10000}
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "probe.json"))
     args = parser.parse_args()
     removed = restart_without_slow_blas()  # the same fast BLAS for every side
+    stamp = run_stamp()
     os.chdir(ROOT)
     params = load_params("params.yaml")
     cfg = params.probe
@@ -256,6 +258,7 @@ def main() -> None:
     result["machine"] = {"cpus": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
                          "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                          "torch": torch.__version__}
+    result = with_provenance(result, stamp)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -52,6 +52,7 @@ from cellpath.robustness import l2_normalise, score_embeddings
 from cellpath.robustness.neighbours import knn_excluding_groups, typed_neighbours
 
 from blas_conditions import blas_report, restart_without_slow_blas
+from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 D, M, K = 384, 5, 11
@@ -261,10 +262,11 @@ def main() -> None:
     if args.croma_max_n > args.full_max_n:
         parser.error("--croma-max-n must not exceed --full-max-n (croma is compared with a full run)")
 
+    stamp = run_stamp()
     load_at_start = os.getloadavg()
     runs = [run_size(kind, n, n <= args.croma_max_n, args.bound_rows, n <= args.full_max_n, args.anchor_sample,
                      n == args.full_max_n, args.repeats) for kind in args.kinds for n in args.sizes]
-    report = {
+    report = with_provenance({
         "machine": {
             "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
             "numpy": np.__version__, "faiss": faiss.__version__, "faiss_gpus": faiss.get_num_gpus(),
@@ -279,7 +281,7 @@ def main() -> None:
         },
         "runs": runs,
         "targets": targets(runs),
-    }
+    }, stamp)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["targets"], indent=2))

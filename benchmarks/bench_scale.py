@@ -2,14 +2,14 @@
 
 The panel is written straight into the feature store (``cellpath.simulation.feature_store``): 25
 sections (the paper's S25), five organs, float16 Nuc and Mean at 20×, written under the Virchow2
-slug (D = 1,280, as the issue's ViT-H). The probe stage runs as the pipeline runs it
+slug (D = 1,280, a ViT-H's width). The probe stage runs as the pipeline runs it
 (``cellpath.stages.probe.run``, one local worker, MLflow off) in a child process whose peak RSS is
 read from ``getrusage``. It runs LOOO (the largest training sets: every organ but one), Tfine, Nuc,
 one C, and ``--max-iter`` L-BFGS iterations. The fits are therefore capped and recorded as not
 converged: this measures memory and the cost per iteration, not the probe's scores.
 
 Baseline (at the sizes in ``--baseline-sizes``): the same stage with a budget large enough for every
-design to be built in memory, which is the pre-#21 behaviour for the fits. The two runs alternate
+design to be built in memory, which is how the fits ran before they were streamed. The two runs alternate
 ``--repeats`` times, and the median ratio and its range are reported, for wall time and for peak
 RSS. At larger sizes only the streamed run is made (the in-memory one does not fit).
 
@@ -160,10 +160,10 @@ def run_stage(workdir: Path, data_dir: Path, budget_mb: int, max_iter: int, pane
 
 def commit() -> str:
     """The git commit the measurement ran at, with ``-dirty`` when the tree had changes."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=ROOT)
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    from provenance import git_commit  # benchmarks/, on sys.path when this runs as a script
+
+    head, dirty = git_commit(ROOT)
+    return (head or "unknown") + ("-dirty" if dirty else "")
 
 
 def spread(values: list[float]) -> dict:
@@ -412,7 +412,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
     from cellpath.runtime.costs import load_costs, save_costs
+    from provenance import run_stamp, with_provenance
 
+    stamp = run_stamp()
     results = {"benchmark": "scale", "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                  "memory_gb": round(os.sysconf("SC_PAGE_SIZE")
                                                                     * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
@@ -420,6 +422,7 @@ def main() -> None:
                "budget_mb": args.budget_mb, "baseline_budget_mb": args.baseline_budget_mb, "max_iter": args.max_iter,
                "heap_calibration_sizes": args.heap_calibration_sizes,
                "robustness_calibration_sizes": args.robustness_calibration_sizes, "sizes": [], "robustness": []}
+    results = with_provenance(results, stamp)
     seeds_per_size = dict(zip(args.sizes, args.looo_seeds * len(args.sizes) if len(args.looo_seeds) == 1
                               else args.looo_seeds, strict=True))
     for size in args.sizes:

@@ -1,0 +1,104 @@
+"""benchmarks/provenance.py: what every benchmark script stamps on its results JSON (the date, the
+commit and the machine), in the shapes benchmarks/results_table.py and its test read."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers.project import PROJECT_ROOT
+
+BENCHMARKS = PROJECT_ROOT / "benchmarks"
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+COMMIT = re.compile(r"[0-9a-f]{7,40}")
+WRITERS = ("bench_executor.py", "bench_extract.py", "bench_fetch_ingest.py", "bench_probe.py", "bench_robustness.py",
+           "bench_scale.py", "bench_slide_read.py", "bench_encoder_gpu.py")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def provenance():
+    return _load("provenance")
+
+
+def _in_a_git_checkout() -> bool:
+    if shutil.which("git") is None:
+        return False
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    return done.returncode == 0
+
+
+def test_the_stamp_is_todays_date_and_the_commit_checked_out(provenance):
+    stamp = provenance.run_stamp()
+    assert DATE.fullmatch(stamp["date"])
+    assert stamp["date"] == datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    if not _in_a_git_checkout():
+        pytest.skip("not a git checkout: no commit to compare with")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT).stdout.strip()
+    assert stamp["commit"] == head and COMMIT.fullmatch(stamp["commit"])
+    assert isinstance(stamp["dirty"], bool)
+
+
+def test_without_git_the_commit_is_unknown_unless_the_runner_names_it(provenance, tmp_path, monkeypatch):
+    monkeypatch.delenv(provenance.COMMIT_VARIABLE, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path is no repository
+    assert provenance.git_commit(tmp_path) == (None, None)
+    monkeypatch.setenv(provenance.COMMIT_VARIABLE, "abc1234")
+    assert provenance.git_commit(tmp_path) == ("abc1234", None)
+
+
+def test_the_machine_is_described_in_words_with_its_blas(provenance):
+    blas = [{"user_api": "openmp", "internal_api": "openmp", "version": None, "num_threads": 2},
+            {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "SkylakeX",
+             "num_threads": 2}]
+    machine = provenance.machine({"cpus": 2, "python": "3.11.7", "load_average_at_end": [1.0, 1.0, 1.0]},
+                                 blas={"libraries": blas})
+    assert machine["description"].startswith("2 CPUs")
+    assert "OpenBLAS 0.3.31 (SkylakeX kernels)" in machine["description"]
+    assert machine["cpus"] == 2 and machine["load_average_at_end"] == [1.0, 1.0, 1.0]
+    assert "cpu_model" in machine and "memory_gb" in machine
+    assert provenance.blas_summary([{"internal_api": "openmp", "version": None}]) is None
+
+
+def test_the_cpu_model_is_read_from_cpuinfo(provenance, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC  7B13 64-Core Processor\n")
+    assert provenance.cpu_model(cpuinfo) == "AMD EPYC 7B13 64-Core Processor"
+
+
+def test_a_stamped_result_keeps_every_field_and_passes_the_readme_checks(provenance):
+    result = {"benchmark": "probe", "speed": {"median": 1.07}, "blas": [{"internal_api": "openblas",
+                                                                         "version": "0.3.29", "num_threads": 1}],
+              "machine": {"cpus": 2, "torch": "2.12.1", "torch_threads": 2}}
+    stamp = {"date": "2026-12-05", "commit": "abcdef0", "dirty": True}
+    stamped = provenance.with_provenance(json.loads(json.dumps(result)), stamp)
+    assert list(stamped)[:3] == ["date", "commit", "dirty"]
+    assert stamped["date"] == "2026-12-05" and stamped["commit"] == "abcdef0" and stamped["dirty"] is True
+    assert {k: v for k, v in stamped.items() if k not in stamp and k != "machine"} == {
+        k: v for k, v in result.items() if k != "machine"}
+    assert result["machine"].items() <= stamped["machine"].items()
+    assert "torch 2.12.1 on 2 threads" in stamped["machine"]["description"]
+    json.dumps(stamped)  # writable as it is
+    without_machine = provenance.with_provenance({"benchmark": "encoder_gpu"}, stamp)
+    assert without_machine["machine"]["description"].strip()
+
+
+@pytest.mark.parametrize("script", WRITERS)
+def test_every_script_that_writes_a_result_stamps_it(script):
+    text = (BENCHMARKS / script).read_text(encoding="utf-8")
+    assert "run_stamp()" in text and "with_provenance(" in text, f"{script}: its JSON has no date, commit or machine"
