@@ -87,11 +87,23 @@ def test_registry_rows_copy_the_reference_csv(registry):
         assert spec.pretrain_magnification == (row["pretrain_magnification"] or None)
 
 
-def test_native_mpp_is_the_finest_pretraining_magnification(registry):
+# Rows whose model card resizes a larger tile to the encoder input: native_mpp is the tile's µm over the
+# input px. GPFM's README: 512 px "extracted from 40X", resized to 224. CONCH v1.5 as TRIDENT runs it
+# (conch_v15 --patch_size 512 --mag 20, resized to 448).
+RESIZED_BY_THE_CARD = {"GPFM": 512 * 0.25 / 224, "CONCH v1.5": 512 * 0.5 / 448}
+
+
+def test_native_mpp_is_the_finest_pretraining_magnification_or_the_cards_resized_tile(registry):
     mpp_of = {"20x": 0.5, "10x": 1.0, "(5,10,20,40)x": 0.25, "(10,20,40)x": 0.25, "20x, 40x": 0.25,
               "Unknown": None, None: None}
     for spec in registry.values():
-        assert spec.native_mpp == mpp_of[spec.pretrain_magnification], spec.name
+        if spec.name in RESIZED_BY_THE_CARD:
+            assert spec.native_mpp == pytest.approx(RESIZED_BY_THE_CARD[spec.name], rel=1e-6), spec.name
+        else:
+            assert spec.native_mpp == mpp_of[spec.pretrain_magnification], spec.name
+    assert registry["GPFM"].native_mpp == pytest.approx(128 / 224, rel=1e-6)  # a 128 µm tile as 224 px
+    conch15 = registry["CONCH v1.5"]  # read at 20x (0.5 µm/px), its input covers the card's 256 µm tile
+    assert conch15.input_size * 0.5 == pytest.approx(conch15.native_mpp * 448, rel=1e-6) == 256
 
 
 def test_cls_less_encoders(registry):

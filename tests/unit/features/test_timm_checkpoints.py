@@ -148,13 +148,16 @@ def test_a_wrong_mlp_ratio_is_named_by_the_strict_load(tmp_path):
         load_encoder(spec, weights_dir=tmp_path)
 
 
-def test_conch_rows_read_the_trunk_of_their_checkpoints_at_448_px():
+def test_conch_rows_read_the_trunk_of_their_checkpoints_at_their_cards_field():
+    # CONCH: 448 px (its eval transform); CONCH v1.5: 512 px, the 256 µm tile at 20x that its pipeline
+    # (TRIDENT: --patch_size 512 --mag 20) resizes to 448 — Table 6's input size.
     registry = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")
     conch, conch15 = registry["CONCH"], registry["CONCH v1.5"]
     assert (conch.input_size, conch.paper_input_size, conch.checkpoint.keep_prefix) == (448, 224, "visual.trunk.")
     assert (conch15.input_size, conch15.paper_input_size, conch15.checkpoint.filename) == (
-        448, 512, "pytorch_model_vision.bin")
+        512, None, "pytorch_model_vision.bin")
     assert build_timm_module(conch).pos_embed.shape == (1, 1 + 28 * 28, 768)
+    assert conch.timm_kwargs["dynamic_img_size"] and conch15.timm_kwargs["dynamic_img_size"]
 
 
 def test_a_trunk_under_a_prefix_loads_with_its_towers_left_out(tmp_path):
