@@ -110,6 +110,16 @@ class TenxConfig(_Strict):
     retries: Annotated[int, Field(ge=0, le=20)] = 3
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     max_file_bytes: Annotated[int, Field(gt=0)] = 200 * 1024**3
+    #: a copy of 10x's files laid out as <XOA version>/<Name>/<file>: an http(s):// or file:// base URL,
+    #: or a folder (relative to the project); it replaces each URL's root up to /samples/xenium/
+    mirror: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _mirror_scheme(self) -> "TenxConfig":
+        scheme, separator, _ = (self.mirror or "").partition("://")
+        if separator and scheme not in ("http", "https", "file"):
+            raise ValueError(f"mirror {self.mirror!r} must be an http://, https:// or file:// URL, or a folder path")
+        return self
 
 
 class AnnotateConfig(_Strict):
@@ -120,6 +130,9 @@ class AnnotateConfig(_Strict):
     label_vocabulary: str | None = None
     #: where each reference keeps its raw counts: auto (layers["counts"], else X), X, raw, layers/<name>
     reference_counts: Annotated[str, Field(pattern=REFERENCE_COUNT_SOURCE_PATTERN)] = "auto"
+    #: the var column holding gene symbols; None: var_names, or when they are Ensembl ids the first of
+    #: feature_name / gene_symbols / gene_symbol (genes sharing a symbol are summed)
+    gene_symbols: Annotated[str, Field(min_length=1)] | None = None
     regularisation_c: Annotated[float, Field(gt=0.0, le=1e4)] = 5.0
     confidence_threshold: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.4
     min_shared_genes: Annotated[int, Field(ge=1)] = 20
@@ -140,11 +153,26 @@ class ConcordanceConfig(_Strict):
     cellvit_dir: Path | None = None  # CellViT++ output folder; None = the built-in detector
     max_match_distance_um: Annotated[float, Field(gt=0.0, le=50.0)] = 4.0
     panel_sizes: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [6, 8, 10, 12]
+    #: registration QC (concordance/registration.py, docs/decisions/0037): nuclei are matched within this
+    #: radius (µm, wider than max_match_distance_um, which would truncate the distances measured) ...
+    registration_radius_um: Annotated[float, Field(gt=0.0, le=50.0)] = 10.0
+    #: ... and a section is flagged (informational) when the median or the 90th percentile of the matched
+    #: H&E-to-Xenium distances exceeds these (µm)
+    registration_max_median_um: Annotated[float, Field(gt=0.0, le=50.0)] = 2.7
+    registration_max_p90_um: Annotated[float, Field(gt=0.0, le=50.0)] = 4.7
 
     @model_validator(mode="after")
     def _increasing(self) -> "ConcordanceConfig":
         if sorted(set(self.panel_sizes)) != list(self.panel_sizes):
             raise ValueError("panel_sizes must be distinct and increasing, e.g. [10, 15, 20, 25]")
+        return self
+
+    @model_validator(mode="after")
+    def _registration_radius_covers_the_match_cap(self) -> "ConcordanceConfig":
+        if self.registration_radius_um < self.max_match_distance_um:
+            raise ValueError(f"registration_radius_um ({self.registration_radius_um} µm) must be at least "
+                             f"max_match_distance_um ({self.max_match_distance_um} µm): a smaller radius truncates "
+                             "the distances registration QC measures")
         return self
 
 

@@ -2,8 +2,8 @@
 
 ``download_file`` streams to ``<dest>.part``, resumes it with an HTTP ``Range`` request, retries
 transient failures with exponential backoff, and renames the partial file to ``dest`` only once
-its size and SHA-256 match. ``safe_extract`` unpacks a zip or tar archive atomically, refusing
-members that would land outside the destination. Sizes are in bytes, times in seconds.
+its size, MD5 and SHA-256 match (each where given). ``safe_extract`` unpacks a zip or tar archive
+atomically, refusing members that would land outside the destination. Sizes are in bytes, times in seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ TRANSIENT_HTTP_CODES = frozenset({408, 425, 429})
 DEFAULT_MAX_EXTRACT_BYTES = 1024**4
 
 
+class RemoteNotFound(DownloadError):
+    """The server answered 404 or 410 (or a ``file://`` URL names no file): the URL names nothing."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
+
+
 class _TransientError(Exception):
     """A failure worth retrying: connection trouble, a 5xx answer or a truncated body."""
 
@@ -57,13 +65,19 @@ def part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def file_sha256(path: Path) -> str:
-    """Lower-case hex SHA-256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+def file_digests(path: Path, algorithms: tuple[str, ...]) -> dict[str, str]:
+    """Lower-case hex digests (``hashlib`` names, e.g. md5, sha256) of a file, read once in 1 MiB chunks."""
+    digests = {name: hashlib.new(name) for name in algorithms}
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+            for digest in digests.values():
+                digest.update(chunk)
+    return {name: digest.hexdigest() for name, digest in digests.items()}
+
+
+def _expected_sums(md5: str | None, sha256: str | None) -> dict[str, str]:
+    """The digests to check, algorithm → lower-case hex, the empty ones left out."""
+    return {name: value.lower() for name, value in (("md5", md5), ("sha256", sha256)) if value}
 
 
 def download_file(
@@ -72,6 +86,7 @@ def download_file(
     *,
     sha256: str | None = None,
     size: int | None = None,
+    md5: str | None = None,
     retries: int,
     timeout_s: float,
     max_bytes: int,
@@ -80,14 +95,16 @@ def download_file(
 ) -> Path:
     """Download ``url`` to ``dest`` and return ``dest``.
 
-    ``size`` (bytes) and ``sha256`` (hex) are checked when given; an existing ``dest`` that matches
-    them is kept without any request. ``retries`` extra attempts follow a transient failure after
-    ``backoff_s * 2**attempt`` seconds; ``timeout_s`` bounds each connect and read. More than
+    ``size`` (bytes), ``md5`` and ``sha256`` (hex) are checked when given; an existing ``dest`` that
+    matches them is kept without any request. ``retries`` extra attempts follow a transient failure
+    after ``backoff_s * 2**attempt`` seconds; ``timeout_s`` bounds each connect and read. More than
     ``max_bytes`` (or more than ``size``) is refused. On a mismatch the partial file is deleted and
     :class:`DownloadError` raised; after the last failed retry it is kept so that a rerun resumes.
+    A 404 or 410 answer raises :class:`RemoteNotFound`.
     """
     dest = Path(dest)
-    if _is_complete(dest, sha256=sha256, size=size):
+    sums = _expected_sums(md5, sha256)
+    if _is_complete(dest, sums=sums, size=size):
         return dest
     _check_request(url, dest, size=size, max_bytes=max_bytes)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -111,17 +128,17 @@ def download_file(
                 f"{url}: download to {dest} failed after {retries + 1} attempt(s): {failure}; "
                 f"the partial file {part} is kept and the next run resumes it"
             )
-    _verify(part, url=url, dest=dest, sha256=sha256, size=size)
+    _verify(part, url=url, dest=dest, sums=sums, size=size)
     os.replace(part, dest)
     return dest
 
 
-def _is_complete(dest: Path, *, sha256: str | None, size: int | None) -> bool:
+def _is_complete(dest: Path, *, sums: dict[str, str], size: int | None) -> bool:
     if not dest.is_file():
         return False
     if size is not None and dest.stat().st_size != size:
         return False
-    return sha256 is None or file_sha256(dest) == sha256.lower()
+    return not sums or file_digests(dest, tuple(sums)) == sums
 
 
 def _check_request(url: str, dest: Path, *, size: int | None, max_bytes: int) -> None:
@@ -132,7 +149,7 @@ def _check_request(url: str, dest: Path, *, size: int | None, max_bytes: int) ->
             f"use one of {', '.join(SUPPORTED_SCHEMES)}"
         )
     if parsed.scheme == "file" and not Path(url2pathname(parsed.path)).is_file():
-        raise DownloadError(f"{url}: no such local file (wanted for {dest}); check the path")
+        raise RemoteNotFound(f"{url}: no such local file (wanted for {dest}); check the path", url)
     if size is not None and size > max_bytes:
         raise DownloadError(
             f"{url}: expected size {size} bytes for {dest} is above the cap of {max_bytes} bytes; "
@@ -204,6 +221,9 @@ def _handle_http_error(exc: urllib.error.HTTPError, url: str, part: Path, offset
         raise _TransientError(f"HTTP 416 for range bytes={offset}-; restarting from zero")
     if code >= 500 or code in TRANSIENT_HTTP_CODES:
         raise _TransientError(f"HTTP {code} {reason}")
+    if code in (404, 410):
+        raise RemoteNotFound(f"{url}: HTTP {code} {reason} (wanted for {part.with_suffix('')}); the server has "
+                             "no file at this URL — check the URL", url)
     raise DownloadError(
         f"{url}: HTTP {code} {reason} (wanted for {part.with_suffix('')}); check the URL — "
         "download links on 10x dataset pages can change"
@@ -263,8 +283,9 @@ def _int_or_none(value: str | None) -> int | None:
     return int(value) if value is not None and value.strip().isdigit() else None
 
 
-def _verify(part: Path, *, url: str, dest: Path, sha256: str | None, size: int | None) -> None:
-    """Delete ``part`` and raise DownloadError unless its size and SHA-256 are as expected."""
+def _verify(part: Path, *, url: str, dest: Path, sums: dict[str, str], size: int | None) -> None:
+    """Delete ``part`` and raise DownloadError unless its size and digests (``sums``: md5, sha256) are as
+    expected."""
     actual_size = part.stat().st_size
     if size is not None and actual_size != size:
         part.unlink()
@@ -272,14 +293,15 @@ def _verify(part: Path, *, url: str, dest: Path, sha256: str | None, size: int |
             f"{url}: {dest}: expected {size} bytes, got {actual_size}; the download was deleted — "
             "check the URL and the expected size"
         )
-    if sha256 is None:
+    if not sums:
         return
-    actual = file_sha256(part)
-    if actual != sha256.lower():
+    actual = file_digests(part, tuple(sums))
+    wrong = [name for name in sums if actual[name] != sums[name]]
+    if wrong:
         part.unlink()
+        found = "; ".join(f"expected {name} {sums[name]}, got {actual[name]}" for name in wrong)
         raise DownloadError(
-            f"{url}: {dest}: expected sha256 {sha256.lower()}, got {actual}; the download was "
-            "deleted — check the URL and the expected checksum"
+            f"{url}: {dest}: {found}; the download was deleted — check the URL and the expected checksum"
         )
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from cellpath.errors import DownloadError
-from cellpath.sources.download import download_file, part_path, safe_extract
+from cellpath.sources.download import RemoteNotFound, download_file, file_digests, part_path, safe_extract
 from helpers.http_server import FaultyServer, serving
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
+PAYLOAD_MD5 = hashlib.md5(PAYLOAD).hexdigest()
 FAST = {"retries": 2, "timeout_s": 60.0, "max_bytes": 10**6, "backoff_s": 0.0}
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -107,6 +108,42 @@ def test_missing_file_fails_without_retrying(server: FaultyServer, tmp_path: Pat
     with pytest.raises(DownloadError, match="HTTP 404"):
         download_file(server.url("absent.bin"), tmp_path / "absent.bin", **FAST)
     assert len(server.ranges("absent.bin")) == 1
+
+
+def test_md5_is_checked_beside_size_and_sha(server: FaultyServer, tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5.upper(), sha256=PAYLOAD_SHA, size=len(PAYLOAD), **FAST)
+    assert dest.read_bytes() == PAYLOAD
+    assert file_digests(dest, ("md5", "sha256")) == {"md5": PAYLOAD_MD5, "sha256": PAYLOAD_SHA}
+
+
+def test_md5_mismatch_is_deleted_and_names_both_sums(server: FaultyServer, tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    wrong = "0" * 32
+    with pytest.raises(DownloadError) as err:
+        download_file(server.url("data.bin"), dest, md5=wrong, sha256=PAYLOAD_SHA, **FAST)
+    message = str(err.value)
+    assert f"expected md5 {wrong}, got {PAYLOAD_MD5}" in message and "sha256" not in message
+    assert server.url("data.bin") in message and str(dest) in message
+    assert not dest.exists() and not part_path(dest).exists()
+
+
+def test_existing_file_matching_its_md5_is_kept_without_a_request(server: FaultyServer, tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    dest.write_bytes(PAYLOAD)
+    download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5, **FAST)
+    assert server.requests == []
+    dest.write_bytes(PAYLOAD[:-1] + b"x")  # same size, other content: fetched again
+    download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5, size=len(PAYLOAD), **FAST)
+    assert dest.read_bytes() == PAYLOAD and len(server.requests) == 1
+
+
+def test_missing_remote_file_is_a_remote_not_found(server: FaultyServer, tmp_path: Path) -> None:
+    with pytest.raises(RemoteNotFound) as err:
+        download_file(server.url("absent.bin"), tmp_path / "absent.bin", **FAST)
+    assert err.value.url == server.url("absent.bin")
+    with pytest.raises(RemoteNotFound, match="no such local file"):
+        download_file((tmp_path / "absent.bin").as_uri(), tmp_path / "out.bin", **FAST)
 
 
 def test_corrupted_content_is_deleted_and_reported(server: FaultyServer, tmp_path: Path) -> None:

@@ -227,7 +227,7 @@ def test_invalid_rows_are_all_reported(tmp_path: Path) -> None:
     assert "column bundle_url" in message and "column he_image_sha256" in message
 
 
-def test_shipped_manifest_has_all_sections_and_no_urls() -> None:
+def test_shipped_manifest_has_all_sections() -> None:
     sections = read_manifest(SHIPPED_MANIFEST)
     assert len(sections) == 52
     assert len({s.section_id for s in sections}) == 52
@@ -236,9 +236,18 @@ def test_shipped_manifest_has_all_sections_and_no_urls() -> None:
     assert liver.prefix == "Xenium_V1_hLiver_nondiseased_section_FFPE_"
     leukaemia = next(s for s in sections if s.status == "Leukemia")
     assert leukaemia.agr_bacc is None and leukaemia.rank is None
-    assert all(s.missing_url_columns == ("bundle_url", "he_image_url", "he_alignment_url") for s in sections)
 
 
-def test_shipped_manifest_without_urls_explains_what_to_do(tmp_path: Path) -> None:
+def test_shipped_section_without_urls_explains_what_to_do(tmp_path: Path) -> None:
+    """The one row no evidence gave a URL for (data/manifests/README.md) stops the fetch, named."""
+    with pytest.raises(InputError, match=r"xenium_prime_human_ovary_cancer_ff \(bundle_url, he_image_url, "
+                                         r"he_alignment_url\)"):
+        fetch_tenx(_config(SHIPPED_MANIFEST, ["xenium_prime_human_ovary_cancer_ff"]), tmp_path / "raw",
+                   tmp_path / "downloads")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_manifest_without_any_url_explains_what_to_do(tmp_path: Path) -> None:
+    manifest = _write_manifest(tmp_path / "manifest.csv", [_row("sec_a"), _row("sec_b")])
     with pytest.raises(InputError, match="no section has a bundle_url yet"):
-        fetch_tenx(_config(SHIPPED_MANIFEST), tmp_path / "raw", tmp_path / "downloads")
+        fetch_tenx(_config(manifest), tmp_path / "raw", tmp_path / "downloads")
