@@ -128,7 +128,8 @@ def gallery_links(index: dict | None) -> list[dict] | None:
 
 
 def header_notes(panels: pd.DataFrame) -> list[str]:
-    """What the header must say about the sections: exclusions, and sections flagged for poor reference coverage."""
+    """What the header must say about the sections: exclusions, and sections flagged for poor reference
+    coverage or registration."""
     notes = []
     excluded = int(panels["excluded_by_annotation"].sum())
     if excluded:
@@ -138,6 +139,12 @@ def header_notes(panels: pd.DataFrame) -> list[str]:
         notes.append(f"Poor reference coverage (annotate.coverage_max_unmatched exceeded: many cells resemble no "
                      f"reference type and carry the label of the nearest one): {', '.join(flagged)}. They are "
                      "evaluated; review them as the paper's manual review would.")
+    if "registration_flagged" in panels.columns:
+        misregistered = sorted(panels.loc[panels["registration_flagged"].astype(bool), "section_id"].astype(str))
+        if misregistered:
+            notes.append(f"Registration QC flagged {', '.join(misregistered)}: their H&E nuclei lie farther from the "
+                         "Xenium nuclei than concordance.registration_max_median_um / _p90_um allow (see the data "
+                         "section). They are evaluated; check their alignment before trusting their cells.")
     return notes
 
 

@@ -172,7 +172,21 @@ def _data_tables(inputs: ReportInputs) -> Built:
                                  tables.display_counts(counts)), counts)
     out["panels"] = display_table(
         "panels", "Candidate sections and panels",
-        "Sections ranked by AGR-BAcc; membership of each nested panel; sections excluded by annotation are listed, "
-        "not dropped.",
+        " ".join(filter(None, ["Sections ranked by AGR-BAcc; membership of each nested panel; sections excluded by "
+                               "annotation are listed, not dropped.", _registration_caption(inputs.panels)])),
         tables.panel_table(inputs.panels).set_index("section_id"), percent_pairs=False, percent_columns=())
     return out
+
+
+def _registration_caption(panels: pd.DataFrame) -> str:
+    """What the registration columns mean and which sections are flagged (empty before registration QC)."""
+    if "registration_flagged" not in panels.columns:
+        return ""
+    flagged = sorted(panels.loc[panels["registration_flagged"].astype(bool), "section_id"].astype(str))
+    return ("Registration QC (reg_*): H&E nuclei matched to the Xenium nuclei placed on the H&E by the alignment; "
+            "median and 90th percentile of their distances (µm), the residual affine H&E → Xenium (translation µm, "
+            "rotation °, scale, shear °) and the RMS distance left after it (µm). Per-cell misregistration leaves "
+            "the affine near the identity; a global one shows in the affine and a small residual. "
+            "registration_flagged: median or 90th percentile above concordance.registration_max_median_um / "
+            "registration_max_p90_um; informational, the section stays in the ranking. "
+            + (f"Flagged: {', '.join(flagged)}." if flagged else "No section is flagged."))

@@ -299,11 +299,17 @@ def display_counts(counts: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+REGISTRATION_COLUMNS = ("reg_median_um", "reg_p90_um", "reg_translation_x_um", "reg_translation_y_um",
+                        "reg_rotation_deg", "reg_scale_x", "reg_scale_y", "reg_shear_deg", "reg_residual_rms_um",
+                        "registration_flagged")
+
+
 def panel_table(panels: pd.DataFrame) -> pd.DataFrame:
-    """The candidate sections ranked by AGR-BAcc, with cell counts and panel membership."""
+    """The candidate sections ranked by AGR-BAcc, with cell counts, registration QC and panel membership
+    (registration columns only where the concordance stage wrote them)."""
     panel_columns = sorted((c for c in panels.columns if re.fullmatch(r"S\d+", c)), key=lambda c: int(c[1:]))
     columns = ["rank", "section_id", "organ", "score", "cells", "n_matched", "reference_unmatched",
-               "poor_reference_coverage", "excluded_by_annotation", *panel_columns]
+               "poor_reference_coverage", "excluded_by_annotation", *REGISTRATION_COLUMNS, *panel_columns]
     return panels[[c for c in columns if c in panels.columns]].sort_values("rank").rename(columns={"score": "AGR-BAcc"})
 
 
