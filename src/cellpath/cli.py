@@ -165,6 +165,23 @@ def _encoders(args: argparse.Namespace) -> None:
         print(run_check(params, args.name, Path(args.weights) if args.weights else None))
 
 
+def _references(args: argparse.Namespace) -> None:
+    from cellpath.commands.references import run_build, run_list
+    from cellpath.references.build import BuildOptions
+
+    if args.action == "list":
+        print(run_list(Path(args.data_dir), Path(args.manifest)))
+    elif not args.name or not args.sources:
+        raise CellPathError("references build: name the reference and its downloaded files: `cellpath references "
+                            "build <name> --from FILE…` (`cellpath references list` shows the names)")
+    else:
+        options = BuildOptions(label_column=args.label_column, barcode_column=args.barcode_column,
+                               annotations=tuple(Path(a) for a in args.annotations or ()),
+                               vocabulary=args.vocabulary, counts=args.counts, gene_symbols=args.gene_symbols)
+        print(run_build(args.name, [Path(s) for s in args.sources], Path(args.data_dir),
+                        out=Path(args.out) if args.out else None, manifest=Path(args.manifest), options=options))
+
+
 STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "fetch": (_fetch, "download (source: 10x) or simulate (source: synthetic) the raw Xenium + H&E panel"),
     "ingest": (_ingest, "read every raw bundle into data/sections/<section>.zarr (SpatialData)"),
@@ -181,9 +198,35 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
     "export": (_export, "write data/exports/ for scverse tools: per section a SpatialData (H&E aligned to µm, nucleus "
                         "boundaries, labels) for napari-spatialdata, per encoder the features as AnnData"),
+    "references": (_references, "list the paper's scRNA-seq references (data/manifests/references.csv) or build "
+                                "one: its downloaded files → data/references/<name>.h5ad for annotate"),
     "encoders": (_encoders, "list the registry's encoders and their weights, or check one: build it, load its weights "
                             "strictly, run a synthetic tile"),
 }
+
+
+def _references_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``cellpath references list|build``."""
+    from cellpath.references.manifest import REFERENCE_MANIFEST
+
+    parser.add_argument("action", choices=["list", "build"])
+    parser.add_argument("name", nargs="?", help="build: the reference's name in the manifest")
+    parser.add_argument("--from", dest="sources", nargs="+", metavar="FILE",
+                        help="build: the reference's downloaded files (matrices, genes, barcodes, tables)")
+    parser.add_argument("--out", help="build: the h5ad to write (default: data/references/<name>.h5ad)")
+    parser.add_argument("--manifest", default=str(REFERENCE_MANIFEST),
+                        help="the reference manifest (default: %(default)s)")
+    parser.add_argument("--annotations", nargs="+", metavar="FILE",
+                        help="build: the cell annotation table(s) (default: the tables among --from that are no "
+                             "count file)")
+    parser.add_argument("--label-column", help="build: its label column (default: the manifest's)")
+    parser.add_argument("--barcode-column",
+                        help="build: its barcode column (default: the manifest's, else the first column)")
+    parser.add_argument("--vocabulary", help="build: the label vocabulary to record (default: the manifest's)")
+    parser.add_argument("--counts", default="auto", help="build, h5ad: where the raw counts are: X, raw, "
+                                                         "layers/<name> (default: raw.X, else layers/counts, else X)")
+    parser.add_argument("--gene-symbols", help="build, h5ad: the var column of gene symbols (default: "
+                                               "feature_name, gene_symbols or gene_symbol for Ensembl ids)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("name", nargs="?", help="check: the registry slug or name")
             stage.add_argument("--weights", help="check: a checkpoint file, or a folder holding one, to use instead "
                                                  "of models/<slug>/ and the Hugging Face cache")
+        if name == "references":
+            _references_arguments(stage)
         if name == "export":
             stage.add_argument("--sections", nargs="+", metavar="SECTION", help="section ids (default: every "
                                                                                "ingested section)")

@@ -117,40 +117,96 @@ def all_marker_genes() -> tuple[str, ...]:
 
 ALIAS_TABLE = "label_aliases.csv"
 ONTOLOGY_VOCABULARY = "cellpath-ontology"
+#: A reference label ending in this matches every label that starts with the rest (``Endo_*``).
+PATTERN_SUFFIX = "*"
+
+
+@functools.cache
+def _alias_rows() -> tuple[dict[str, str], ...]:
+    with resources.files("cellpath.annotation.data").joinpath(ALIAS_TABLE).open(encoding="utf-8") as handle:
+        return tuple(csv.DictReader(handle))
 
 
 @functools.cache
 def label_aliases() -> dict[str, dict[str, str]]:
-    """Versioned alias table: vocabulary (e.g. ``name/1``) → {reference label → ontology label}."""
+    """Versioned alias table: vocabulary (e.g. ``name/1``) → {reference label → ontology label}.
+
+    Only mapped rows; a label ending in ``*`` is a prefix pattern (see :func:`resolve_reference_labels`)."""
     table: dict[str, dict[str, str]] = {}
-    with resources.files("cellpath.annotation.data").joinpath(ALIAS_TABLE).open() as handle:
-        for row in csv.DictReader(handle):
+    for row in _alias_rows():
+        if row["ontology_label"]:
             table.setdefault(row["vocabulary"], {})[row["reference_label"]] = row["ontology_label"]
     return table
 
 
-def map_reference_labels(labels: list[str], vocabulary: str) -> dict[str, str]:
-    """Map a reference's own label names onto ontology names.
+@functools.cache
+def unmapped_labels() -> dict[str, dict[str, str]]:
+    """Labels recorded as mapping to no ontology type: vocabulary → {reference label → reason}."""
+    table: dict[str, dict[str, str]] = {}
+    for row in _alias_rows():
+        if not row["ontology_label"]:
+            table.setdefault(row["vocabulary"], {})[row["reference_label"]] = row["basis"]
+    return table
 
-    Ontology names map to themselves in every vocabulary; other names need a row of the alias
-    table for ``vocabulary``. Raises KeyError listing every unmapped label.
-    """
+
+def _lookup(label: str, aliases: dict[str, str], reasons: dict[str, str]) -> tuple[bool, str] | None:
+    """(mapped?, ontology name or reason) for ``label``: its exact row, else the longest prefix pattern
+    that matches it; None when no row matches."""
+    for table, mapped in ((aliases, True), (reasons, False)):
+        if label in table:
+            return mapped, table[label]
+    patterns = [(key, mapped, value) for table, mapped in ((aliases, True), (reasons, False))
+                for key, value in table.items() if key.endswith(PATTERN_SUFFIX) and label.startswith(key[:-1])]
+    if not patterns:
+        return None
+    _, mapped, value = max(patterns, key=lambda p: len(p[0]))
+    return mapped, value
+
+
+@dataclass(frozen=True)
+class LabelResolution:
+    """A reference's labels resolved in one vocabulary: mapped (→ ontology name), recorded as
+    unmapped (→ the reason) and unknown (in no row of the vocabulary: the table needs a row)."""
+
+    vocabulary: str
+    mapped: dict[str, str]
+    unmapped: dict[str, str]
+    unknown: tuple[str, ...]
+
+
+def resolve_reference_labels(labels: list[str], vocabulary: str) -> LabelResolution:
+    """Resolve each distinct label: an ontology name maps to itself in every vocabulary; other
+    labels need a row of the alias table for ``vocabulary`` (exact, else a ``prefix*`` pattern), which
+    maps them or records them as unmapped with a reason."""
     aliases = label_aliases().get(vocabulary, {})
+    reasons = unmapped_labels().get(vocabulary, {})
     known = cell_type_by_name()
-    mapping, unmapped = {}, []
+    mapped, unmapped, unknown = {}, {}, []
     for label in sorted(set(labels)):
-        if label in aliases:
-            mapping[label] = aliases[label]
+        if (row := _lookup(label, aliases, reasons)) is not None:
+            (mapped if row[0] else unmapped)[label] = row[1]
         elif label in known:
-            mapping[label] = label
+            mapped[label] = label
         else:
-            unmapped.append(label)
-    if unmapped:
-        raise KeyError(
-            f"{len(unmapped)} reference label(s) have no ontology mapping in vocabulary {vocabulary!r}: "
-            f"{', '.join(repr(u) for u in unmapped)}; add rows to cellpath/annotation/data/{ALIAS_TABLE}"
-        )
-    return mapping
+            unknown.append(label)
+    return LabelResolution(vocabulary, mapped, unmapped, tuple(unknown))
+
+
+def unknown_labels_message(resolution: LabelResolution) -> str:
+    """What to do about labels the vocabulary has no row for (names the vocabulary and the table)."""
+    return (f"{len(resolution.unknown)} reference label(s) have no ontology mapping in vocabulary "
+            f"{resolution.vocabulary!r}: {', '.join(repr(u) for u in resolution.unknown)}; add rows to "
+            f"cellpath/annotation/data/{ALIAS_TABLE} (an ontology type, or no type and the reason), or set "
+            f"annotate.label_vocabulary to the reference's vocabulary")
+
+
+def map_reference_labels(labels: list[str], vocabulary: str) -> dict[str, str]:
+    """Map a reference's own label names onto ontology names (the mapped ones of
+    :func:`resolve_reference_labels`). Raises KeyError listing every label the vocabulary lacks."""
+    resolution = resolve_reference_labels(labels, vocabulary)
+    if resolution.unknown:
+        raise KeyError(unknown_labels_message(resolution))
+    return resolution.mapped
 
 
 def inverse_aliases(vocabulary: str) -> dict[str, str]:

@@ -11,19 +11,25 @@ highest class probability is the cell's confidence.
 
 from __future__ import annotations
 
+import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import scanpy as sc
 from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 
 from cellpath.annotation.coverage import type_centroids
-from cellpath.annotation.ontology import ONTOLOGY_VOCABULARY, map_reference_labels
+from cellpath.annotation.genes import SYMBOL_COLUMNS, collapse_to_symbols, describe, looks_like_ensembl, symbol_column
+from cellpath.annotation.ontology import (ONTOLOGY_VOCABULARY, LabelResolution, resolve_reference_labels,
+                                          unknown_labels_message)
 from cellpath.errors import InputError
+
+log = logging.getLogger(__name__)
 
 UNCERTAIN = "Uncertain cell"
 
@@ -37,6 +43,9 @@ class Reference:
     counts: sparse.csr_matrix
     genes: tuple[str, ...]
     labels: np.ndarray  # ontology names
+    #: reference cells left out because their label is recorded as mapping to no type: label → cells
+    excluded: dict[str, int] = field(default_factory=dict)
+    vocabulary: str = ONTOLOGY_VOCABULARY
 
 
 def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, section: str | None,
@@ -61,55 +70,110 @@ def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, se
     return matrix
 
 
-def reference_counts(adata: ad.AnnData, source: str, path: Path) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
+def counts_at(adata: ad.AnnData, source: str, path: Path, hint: str) -> tuple[object, pd.DataFrame]:
+    """The matrix at ``source`` (``X``, ``raw`` or ``layers/<name>``) and the var frame of its genes."""
+    if source == "raw":
+        if adata.raw is None:
+            raise InputError("annotate.reference_counts is 'raw' but the reference has no .raw" + hint, path=path)
+        var = adata.raw.var.copy()
+        for column in adata.var.columns.difference(var.columns):  # raw.var often lacks the symbol column
+            var[column] = adata.var[column].reindex(var.index)
+        return adata.raw.X, var
+    if source.startswith("layers/"):
+        name = source.removeprefix("layers/")
+        if name not in adata.layers:
+            raise InputError(f"annotate.reference_counts names layers/{name}, which the reference lacks" + hint,
+                             path=path)
+        return adata.layers[name], adata.var
+    return adata.X, adata.var
+
+
+def reference_counts(adata: ad.AnnData, source: str, path: Path,
+                     gene_symbols: str | None = None) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
     """The reference's raw counts and their genes, from ``source`` (see
     ``vocabulary.REFERENCE_COUNT_SOURCE_PATTERN``); InputError naming the file and the layers it has
-    when they are not counts."""
+    when they are not counts. Genes are symbols: see :func:`symbol_genes`."""
     layers = sorted(map(str, adata.layers.keys()))
     available = ", ".join([*(f"layers/{name}" for name in layers), *(["raw"] if adata.raw is not None else [])])
     hint = (f". Set annotate.reference_counts to where this file keeps its raw counts (it has "
             f"{available or 'no layers and no .raw'}; auto reads layers/counts, else X)")
     if source == "auto":
         source = "layers/counts" if "counts" in adata.layers else "X"
-    if source == "raw":
-        if adata.raw is None:
-            raise InputError("annotate.reference_counts is 'raw' but the reference has no .raw" + hint, path=path)
-        matrix, genes = adata.raw.X, tuple(map(str, adata.raw.var_names))
-    elif source.startswith("layers/"):
-        name = source.removeprefix("layers/")
-        if name not in adata.layers:
-            raise InputError(f"annotate.reference_counts names layers/{name}, which the reference lacks" + hint,
-                             path=path)
-        matrix, genes = adata.layers[name], tuple(map(str, adata.var_names))
-    else:
-        matrix, genes = adata.X, tuple(map(str, adata.var_names))
-    return check_counts(matrix, f"reference counts ({source})", path, None, hint), genes
+    matrix, var = counts_at(adata, source, path, hint)
+    counts = check_counts(matrix, f"reference counts ({source})", path, None, hint)
+    return symbol_genes(counts, var, gene_symbols, path)
 
 
-def load_reference(path: Path, label_column: str, vocabulary: str | None, counts_source: str = "auto") -> Reference:
-    """Read a reference .h5ad (raw counts from ``counts_source``, see :func:`reference_counts`) and
-    map its labels onto the ontology (InputError names the file)."""
-    path = Path(path)
+def symbol_genes(counts: sparse.csr_matrix, var: pd.DataFrame, requested: str | None,
+                 path: Path) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
+    """The genes as symbols. var_names are used as they are unless they are Ensembl ids or
+    ``requested`` (``annotate.gene_symbols``) names a var column; then symbols come from that column
+    (default: the first of feature_name, gene_symbols, gene_symbol) and genes sharing one are summed."""
+    names = tuple(map(str, var.index))
+    if requested is None and not looks_like_ensembl(names):
+        return counts, names
+    column = symbol_column(var, requested)
+    columns = ", ".join(map(str, var.columns)) or "none"
+    if column is None and requested is not None:
+        raise InputError(f"annotate.gene_symbols names var column {requested!r}, which the reference lacks (var "
+                         f"columns: {columns}); set it to the column that holds the gene symbols", path=path)
+    if column is None:
+        raise InputError(
+            f"the reference's genes are Ensembl ids (e.g. {names[0]}) and var has none of the columns "
+            f"{', '.join(SYMBOL_COLUMNS)} (var columns: {columns}); the Xenium panel names genes by symbol, so set "
+            "annotate.gene_symbols to the var column that holds the gene symbols", path=path)
+    mapping = collapse_to_symbols(counts, var[column].to_numpy(), names)
+    if not mapping.symbols:
+        raise InputError(f"var[{column!r}] holds no gene symbols; set annotate.gene_symbols to the column that "
+                         "does", path=path)
+    log.info("reference %s: %s", path.name, describe(mapping, f"var[{column!r}]"))
+    return mapping.counts, mapping.symbols
+
+
+def _resolved_labels(raw_labels: np.ndarray, vocabulary: str, path: Path) -> LabelResolution:
+    """The labels resolved in ``vocabulary``; InputError naming the file when the vocabulary lacks some."""
+    resolution = resolve_reference_labels(list(raw_labels), vocabulary)
+    if resolution.unknown:
+        raise InputError(unknown_labels_message(resolution), path=path)
+    if not resolution.mapped:
+        raise InputError(f"every label of the reference is recorded as mapping to no cell type in vocabulary "
+                         f"{vocabulary!r}: nothing to transfer", path=path)
+    return resolution
+
+
+def _read_h5ad(path: Path) -> ad.AnnData:
     if not path.is_file():
         raise InputError("reference file not found", path=path)
     try:
-        adata = ad.read_h5ad(path)
+        return ad.read_h5ad(path)
     except Exception as exc:  # h5py/anndata raise several types for corrupt files
         raise InputError(f"cannot read the reference ({type(exc).__name__}: {exc})", path=path) from None
+
+
+def load_reference(path: Path, label_column: str, vocabulary: str | None, counts_source: str = "auto",
+                   gene_symbols: str | None = None) -> Reference:
+    """Read a reference .h5ad (raw counts from ``counts_source``, see :func:`reference_counts`) and
+    map its labels onto the ontology (InputError names the file). Cells whose label the vocabulary
+    records as mapping to no type are left out, counted and logged."""
+    path = Path(path)
+    adata = _read_h5ad(path)
     if label_column not in adata.obs:
         raise InputError(f"reference has no label column {label_column!r} in obs (columns: "
                          f"{', '.join(map(str, adata.obs.columns))}); set annotate.label_column", path=path)
-    counts, genes = reference_counts(adata, counts_source, path)
+    counts, genes = reference_counts(adata, counts_source, path, gene_symbols)
     meta = adata.uns.get("reference")
     declared = meta.get("label_vocabulary") if isinstance(meta, dict) else None
     vocabulary = vocabulary or declared or ONTOLOGY_VOCABULARY
     raw_labels = adata.obs[label_column].astype(str).to_numpy()
-    try:
-        mapping = map_reference_labels(list(raw_labels), vocabulary)
-    except KeyError as exc:
-        raise InputError(str(exc.args[0]), path=path) from None
-    labels = np.array([mapping[label] for label in raw_labels], dtype=object)
-    return Reference(path.stem, path, counts, genes, labels)
+    resolution = _resolved_labels(raw_labels, vocabulary, path)
+    keep = np.array([label in resolution.mapped for label in raw_labels], dtype=bool)
+    excluded = {label: int((raw_labels == label).sum()) for label in resolution.unmapped}
+    if excluded:
+        log.warning("reference %s (vocabulary %r, obs[%r]): %d of %d cells left out, their labels map to no cell "
+                    "type: %s", path.name, vocabulary, label_column, int((~keep).sum()), len(raw_labels),
+                    "; ".join(f"{label!r} ({n} cells: {resolution.unmapped[label]})" for label, n in excluded.items()))
+    labels = np.array([resolution.mapped[label] for label in raw_labels[keep]], dtype=object)
+    return Reference(path.stem, path, counts[keep] if not keep.all() else counts, genes, labels, excluded, vocabulary)
 
 
 def log_normalise(counts: sparse.spmatrix, target_sum: float = 1e3) -> np.ndarray:
@@ -160,7 +224,9 @@ def fit_transfer(reference: Reference, panel_genes: tuple[str, ...], *, regulari
     if len(shared) < min_shared_genes:
         raise InputError(
             f"the reference shares {len(shared)} gene(s) with the Xenium panel (at least {min_shared_genes} needed); "
-            "it is the wrong reference for this section or uses other gene identifiers", path=reference.path,
+            f"it is the wrong reference for this section or uses other gene identifiers (its genes: "
+            f"{', '.join(reference.genes[:3])}, …; the panel's: {', '.join(panel_genes[:3])}, …): set "
+            "annotate.gene_symbols to the reference's var column of gene symbols", path=reference.path,
             section=section)
     logged = log_normalise(reference.counts[:, [ref_index[g] for g in shared]])
     scaler = GeneScaler.fit(logged)

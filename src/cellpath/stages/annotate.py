@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cellpath.annotation.assignment import reference_caveat, reference_name
 from cellpath.annotation.labels import against_truth
 from cellpath.annotation.section import annotate_section, marker_qc_table
 from cellpath.annotation.transfer import check_counts, fit_transfer, load_reference
@@ -24,15 +25,18 @@ from cellpath.io.sections import read_section_index, read_section_table
 log = logging.getLogger(__name__)
 
 
-def _reference_path(params: Params, data_dir: Path, section_id: str, organ: str) -> Path:
-    name = params.annotate.references.get(section_id, organ.lower())
+def _reference_path(params: Params, data_dir: Path, section_id: str, organ: str, status: str) -> Path:
+    try:
+        name = reference_name(params.annotate.references, params.source, section_id, organ, str(status))
+    except InputError as exc:
+        raise InputError(str(exc), section=section_id) from None
     path = reference_h5ad(data_dir, name)
     if not path.is_file():
         available = sorted(p.stem for p in references_dir(data_dir).glob("*.h5ad"))
         raise InputError(
             f"no reference {name!r} for organ {organ!r} (available: {', '.join(available) or 'none'}); "
-            f"add one to {references_dir(data_dir)} or map the section in annotate.references",
-            path=path, section=section_id)
+            f"add one to {references_dir(data_dir)} (`cellpath references build {name}`) or map the section in "
+            f"annotate.references{reference_caveat(name)}", path=path, section=section_id)
     return path
 
 
@@ -49,10 +53,10 @@ def run(params: Params, data_dir: Path, reports: Path) -> pd.DataFrame:
             table = read_section_table(data_dir, section_id)
             counts = check_counts(table.X, "Xenium counts", section_zarr(data_dir, section_id), section_id)
             genes = tuple(map(str, table.var_names))
-            ref_path = _reference_path(params, data_dir, section_id, row.organ)
+            ref_path = _reference_path(params, data_dir, section_id, row.organ, row.status)
             if ref_path not in references:
                 references[ref_path] = load_reference(ref_path, cfg.label_column, cfg.label_vocabulary,
-                                                      cfg.reference_counts)
+                                                      cfg.reference_counts, cfg.gene_symbols)
             key = (references[ref_path].name, genes)
             if key not in models:
                 models[key] = fit_transfer(references[ref_path], genes, regularisation_c=cfg.regularisation_c,
