@@ -27,7 +27,7 @@ model was not fitted on being the check of it.
 
 Usage: python benchmarks/bench_scale.py [--sizes 100000 300000] [--baseline-sizes 100000]
        [--robustness-sizes 50000 100000 300000 1000000] [--merge] [--calibrate]
-       [--budget-mb 512] [--max-iter 3] [--repeats 3] [--workdir /tmp/cellpath-scale]
+       [--budget-mb 512] [--max-iter 3] [--repeats 3] [--workdir <temp dir>/cellpath-scale]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -408,7 +409,7 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="write the cost model (src/cellpath/data/costs.json) from --out's calibration runs")
     parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/cellpath-scale"))
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "cellpath-scale")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
     from cellpath.runtime.costs import load_costs, save_costs
