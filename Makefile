@@ -10,6 +10,8 @@ VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
+# a startup file that makes pandas hand pyarrow local parquet paths in every Python of the venv (decision 0033)
+PARQUET_GUARD := $(VENV)/.native-parquet
 MLFLOW_URI ?= sqlite:///mlflow.db
 UI_PORT ?= 5000
 export PATH := $(BIN):$(PATH)
@@ -25,7 +27,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip check
 	touch $(STAMP)
 
-install: $(STAMP)
+$(PARQUET_GUARD): $(STAMP)
+	$(BIN)/python -c "from cellpath.io.native_parquet import write_startup_file; print('wrote', write_startup_file())"
+	touch $(PARQUET_GUARD)
+
+install: $(STAMP) $(PARQUET_GUARD)
 
 run: install
 	$(BIN)/dvc repro

@@ -9,7 +9,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
 
+from cellpath.io import native_parquet  # noqa: E402
 from helpers.project import tiny_params  # noqa: E402
+
+native_parquet.install()  # as every cellpath command does (docs/decisions/0033)
 
 
 @pytest.fixture

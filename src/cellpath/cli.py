@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cellpath.errors import CellPathError
+from cellpath.io import native_parquet
 from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR, stage_log
 from cellpath.runtime.costs import COSTS_PATH
 
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    native_parquet.install()  # local parquet reads that cannot abort the process at exit (decision 0033)
     args = build_parser().parse_args(argv)
     if args.stage == "fetch":
         pin_numpy_dispatch()
