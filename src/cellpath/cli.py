@@ -132,7 +132,7 @@ def _report(args: argparse.Namespace) -> None:
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.stages.validate import run
 
-    print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None))
+    print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None, preset=args.preset))
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -195,7 +195,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
                           "IS errors, as H&E crops with their nearest SO / OS neighbours (reports/gallery/)"),
     "report": (_report, "the HTML report (reports/index.html), its tables (CSV, Markdown) and figures"),
     "validate": (_validate, "check params.yaml and what it points to (encoders, weights, references, CellViT++ "
-                            "outputs, URLs, panel sizes); list every problem at once"),
+                            "outputs, URLs, panel sizes); list every problem at once; for source: 10x or --preset "
+                            "paper, per section of the panel what is in place and the action each gap needs"),
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
     "export": (_export, "write data/exports/ for scverse tools: per section a SpatialData (H&E aligned to µm, nucleus "
                         "boundaries, labels) for napari-spatialdata, per encoder the features as AnnData"),
@@ -250,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
         if name == "validate":
             stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")
+            stage.add_argument("--preset", choices=["current", "paper"], default="current",
+                               help="paper: the readiness of the paper's panel (the manifest's panel_s25 sections, "
+                                    "the paper's configuration); source: 10x shows its panel's readiness as well")
         if name == "encoders":
             stage.add_argument("action", choices=["list", "check"])
             stage.add_argument("name", nargs="?", help="check: the registry slug or name")

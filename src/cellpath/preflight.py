@@ -10,9 +10,11 @@ What is checked, beyond the schema of params.yaml (:mod:`cellpath.config`):
 - ``extract.encoders``: each entry a registry slug (it names the DVC output folder), with an
   adapter, and for hub models weights in ``models/<slug>/`` or the Hugging Face cache;
 - the sections the run will have: the simulated ones, or for ``source: 10x`` the manifest rows
-  selected by ``tenx.sections``, each with its download URLs;
+  selected by ``tenx.sections``, each with its download URLs (and ``tenx.mirror`` able to serve them);
 - ``concordance.cellvit_dir``: a CellViT++ output for every section;
-- ``annotate``: a reference per organ (or per mapped section) holding ``label_column``;
+- ``annotate``: the reference of each section (``annotation.assignment.reference_name``: the
+  manifest rule for 10x sections, ``<organ>`` for simulated ones, or ``annotate.references``) holding
+  ``label_column`` and raw counts;
 - ``concordance.panel_sizes`` and ``panel`` against the number of sections, ``probe.mocv_folds``
   against the panel's sections, ``robustness.shortcut.train_levels`` / ``held_out`` against the confounder's levels;
 - ``executor``: the packages a Dask or SLURM backend needs.
@@ -30,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from cellpath.config import Params, params_problems
-from cellpath.errors import CellPathError, Problem
+from cellpath.errors import CellPathError, InputError, Problem
 from cellpath.io.layout import DEFAULT_DATA_DIR, references_dir
 
 SIMULATED_REFERENCE_LABEL_COLUMN = "cell_type"  # the obs column the simulator's references label cells in
@@ -38,26 +40,33 @@ SIMULATED_REFERENCE_LABEL_COLUMN = "cell_type"  # the obs column the simulator's
 
 @dataclass(frozen=True)
 class PlannedSection:
-    """A section the run will have, known before fetch: its id, organ and H&E file name."""
+    """A section the run will have, known before fetch: its id, organ, disease status and H&E file name."""
 
     section_id: str
     organ: str
+    status: str
     he_image: str
 
 
 def check_project(params_path: Path, root: Path = Path("."), data_dir: Path = DEFAULT_DATA_DIR) -> list[Problem]:
     """Every problem of ``params_path`` and of the files it points to (relative to ``root``)."""
-    params_path = Path(params_path)
-    if not params_path.is_file():
-        return [Problem(str(params_path), "parameter file not found; run from the project root or pass --params")]
-    try:
-        data = yaml.safe_load(params_path.read_text())
-    except yaml.YAMLError as exc:
-        return [Problem(str(params_path), f"not valid YAML: {exc}")]
-    params, problems = params_problems(data, str(params_path))
+    params, problems = read_params(params_path)
     if params is None:
         return problems
     return problems + check_params(params, Path(root), Path(data_dir))
+
+
+def read_params(params_path: Path) -> tuple[Params | None, list[Problem]]:
+    """``params_path`` parsed, and its schema problems (None: nothing usable could be parsed)."""
+    params_path = Path(params_path)
+    if not params_path.is_file():
+        return None, [Problem(str(params_path), "parameter file not found; run from the project root or pass "
+                                                "--params")]
+    try:
+        data = yaml.safe_load(params_path.read_text())
+    except yaml.YAMLError as exc:
+        return None, [Problem(str(params_path), f"not valid YAML: {exc}")]
+    return params_problems(data, str(params_path))
 
 
 def check_params(params: Params, root: Path, data_dir: Path) -> list[Problem]:
@@ -72,6 +81,13 @@ def check_params(params: Params, root: Path, data_dir: Path) -> list[Problem]:
     problems += _check_references(params, root / data_dir, sections)
     problems += _check_panels(params, sections)
     return problems
+
+
+def general_problems(params: Params, root: Path, sections: list[PlannedSection]) -> list[Problem]:
+    """The checks that are about no single section's inputs: encoders, executor, ``annotate.references``
+    keys, panel sizes and folds (the readiness view, :mod:`cellpath.readiness`, checks each section's)."""
+    problems = _check_encoders(params, root) + _check_executor(params) + unknown_reference_keys(params, sections)
+    return problems + (_check_panels(params, sections) if sections else [])
 
 
 def _close(word: str, choices: list[str]) -> str:
@@ -110,16 +126,17 @@ def _check_encoders(params: Params, root: Path) -> list[Problem]:
 def planned_sections(params: Params, root: Path) -> tuple[list[PlannedSection], list[Problem]]:
     """The sections fetch will write: simulated, or the selected 10x manifest rows with URLs."""
     if params.source == "synthetic":
-        return [PlannedSection(s.section_id, s.organ, f"{s.section_id}_he_image.ome.tif")
+        return [PlannedSection(s.section_id, s.organ, s.status, f"{s.section_id}_he_image.ome.tif")
                 for s in params.synthetic.sections], []
-    from cellpath.sources.tenx import read_manifest, select_sections
+    from cellpath.sources.tenx import check_downloads, read_manifest, select_sections
 
     manifest = root / params.tenx.manifest
     try:
         chosen = select_sections(read_manifest(manifest), list(params.tenx.sections), manifest)
+        check_downloads(chosen, params.tenx, root)  # tenx.mirror: an existing folder that can serve every URL
     except CellPathError as exc:
         return [], [Problem("source: 10x", str(exc))]
-    return [PlannedSection(s.section_id, s.organ, s.he_image_name) for s in chosen], []
+    return [PlannedSection(s.section_id, s.organ, s.status, s.he_image_name) for s in chosen], []
 
 
 def _check_cellvit(params: Params, root: Path, sections: list[PlannedSection]) -> list[Problem]:
@@ -141,16 +158,36 @@ def _check_cellvit(params: Params, root: Path, sections: list[PlannedSection]) -
     return problems
 
 
-def _reference_name(params: Params, section: PlannedSection) -> str:
-    return params.annotate.references.get(section.section_id, section.organ.lower())
+def section_reference(params: Params, section: PlannedSection) -> str:
+    """The reference file stem annotate will read for ``section`` (the same rule: an
+    ``annotate.references`` entry, ``<organ>`` for a simulated section, else the manifest's Table 1);
+    InputError naming the section when the rule has none."""
+    from cellpath.annotation.assignment import reference_name
+
+    try:
+        return reference_name(params.annotate.references, params.source, section.section_id, section.organ,
+                              section.status)
+    except InputError as exc:
+        raise InputError(str(exc), section=section.section_id) from None
+
+
+def unknown_reference_keys(params: Params, sections: list[PlannedSection]) -> list[Problem]:
+    """``annotate.references`` entries that name no section of the run."""
+    known = sorted(s.section_id for s in sections)
+    return [Problem(f"annotate.references: {sid!r}", f"not a section of this run{_close(sid, known)}")
+            for sid in params.annotate.references if sid not in known]
 
 
 def _check_references(params: Params, data_dir: Path, sections: list[PlannedSection]) -> list[Problem]:
     cfg = params.annotate
-    known = {s.section_id for s in sections}
-    problems = [Problem(f"annotate.references: {sid!r}", "not a section of this run"
-                        f"{_close(sid, sorted(known))}") for sid in cfg.references if sid not in known]
-    needed = sorted({_reference_name(params, s) for s in sections})
+    problems = unknown_reference_keys(params, sections)
+    names: set[str] = set()
+    for section in sections:
+        try:
+            names.add(section_reference(params, section))
+        except InputError as exc:
+            problems.append(Problem("annotate.references", str(exc)))
+    needed = sorted(names)
     if params.source == "synthetic":  # fetch writes one reference per simulated organ
         simulated = sorted({s.organ.lower() for s in sections})
         problems += [Problem(f"annotate.references: reference {name!r}",
@@ -164,20 +201,33 @@ def _check_references(params: Params, data_dir: Path, sections: list[PlannedSect
     for name in needed:
         path = folder / f"{name}.h5ad"
         if not path.is_file():
+            from cellpath.annotation.assignment import reference_caveat
+
             available = sorted(p.stem for p in folder.glob("*.h5ad")) if folder.is_dir() else []
             problems.append(Problem(str(path), f"no reference {name!r} (available: {', '.join(available) or 'none'}); "
-                                               "put the organ's labelled .h5ad there before running (fetch downloads "
-                                               "only the 10x files) or map its sections in annotate.references"))
+                                               f"build it (`cellpath references build {name} --from FILE…`) or put "
+                                               "a labelled .h5ad there before running (fetch downloads only the 10x "
+                                               f"files), or map its sections in annotate.references"
+                                               f"{reference_caveat(name)}"))
             continue
-        columns = _obs_columns(path)
-        if columns is None:
-            problems.append(Problem(str(path), "cannot read the reference's obs (not an .h5ad file, or truncated)"))
-        elif cfg.label_column not in columns:
-            problems.append(Problem(f"annotate.label_column: {cfg.label_column!r}",
-                                    f"not a column of {path} (obs columns: {', '.join(columns)})"
-                                    f"{_close(cfg.label_column, columns)}"))
-        if columns is not None and (problem := _counts_problem(path, cfg.reference_counts)) is not None:
-            problems.append(Problem(f"annotate.reference_counts: {cfg.reference_counts!r}", f"{path}: {problem}"))
+        problems += reference_file_problems(path, params)
+    return problems
+
+
+def reference_file_problems(path: Path, params: Params) -> list[Problem]:
+    """What annotate would refuse in an existing reference file: unreadable obs, no ``label_column``,
+    no raw counts where ``reference_counts`` says."""
+    cfg = params.annotate
+    columns = _obs_columns(path)
+    if columns is None:
+        return [Problem(str(path), "cannot read the reference's obs (not an .h5ad file, or truncated)")]
+    problems = []
+    if cfg.label_column not in columns:
+        problems.append(Problem(f"annotate.label_column: {cfg.label_column!r}",
+                                f"not a column of {path} (obs columns: {', '.join(columns)})"
+                                f"{_close(cfg.label_column, columns)}"))
+    if (problem := _counts_problem(path, cfg.reference_counts)) is not None:
+        problems.append(Problem(f"annotate.reference_counts: {cfg.reference_counts!r}", f"{path}: {problem}"))
     return problems
 
 

@@ -45,7 +45,7 @@ CHANGES: dict[str, tuple[Callable[[dict, Path], None], str]] = {
     "hub-encoder-without-weights": (lambda p, _: p["extract"].update(encoders=["filterbank-dense", "uni"]),
                                     "extract.encoders: 'uni': UNI: no weights found"),
     "10x-without-urls": (lambda p, _: p.update(source="10x", tenx={"sections": ["xenium_prime_human_ovary_cancer_ff"]}),
-                         "source: 10x: "),
+                         "fill in bundle_url, he_image_url, he_alignment_url from https://"),
     "empty-cellvit-dir": (_empty_cellvit_dir, "no CellViT++ output for this section"),
     "missing-label-column": (lambda p, _: p["annotate"].update(label_column="celltype"),
                              "annotate.label_column: 'celltype' is not a column of the simulated references"),

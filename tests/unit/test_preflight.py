@@ -135,11 +135,14 @@ def test_cellvit_dir_needs_an_output_per_section(project):
     assert "folder not found" in _messages(check_params(missing, project, Path("data")))[0]
 
 
-def _write_manifest(path: Path, with_urls: bool) -> None:
+TENX_SECTIONS = (("liver_x", "Liver", "Normal"), ("lung_x", "Lung", "Lung cancer"), ("lung_y", "Lung", "Lung cancer"))
+
+
+def _write_manifest(path: Path, with_urls: bool, sections=TENX_SECTIONS) -> None:
     rows = []
-    for i, (section, organ) in enumerate((("liver_x", "Liver"), ("lung_x", "Lung"), ("lung_y", "Lung"))):
+    for i, (section, organ, status) in enumerate(sections):
         row = dict.fromkeys(MANIFEST_COLUMNS, "")
-        row.update(section_id=section, dataset=section, organ=organ, status="Normal", cells="10", rank=str(i + 1),
+        row.update(section_id=section, dataset=section, organ=organ, status=status, cells="10", rank=str(i + 1),
                    panel_s25="1", page_url="https://example.org", prefix=f"{section}_")
         if with_urls:
             for kind in ("bundle", "he_image", "he_alignment"):
@@ -170,17 +173,38 @@ def _reference(path: Path, column: str) -> None:
 
 
 def test_10x_references_must_exist_and_hold_the_label_column(project):
+    """A 10x section's reference is the one annotate picks: the manifest rule by status and organ
+    (annotation.assignment.reference_name), not ``<organ>.h5ad``."""
     _write_manifest(project / "manifest.csv", with_urls=True)
     params = _tenx(project)
     problems = _messages(check_params(params, project, Path("data")))
-    assert len(problems) == 2 and "no reference 'liver'" in problems[0] and "no reference 'lung'" in problems[1], problems
-    _reference(project / "data" / "references" / "liver.h5ad", "cell_type")
-    _reference(project / "data" / "references" / "lung.h5ad", "celltype")
+    assert len(problems) == 2 and "no reference 'kim2020_lung'" in problems[0] \
+        and "cellpath references build kim2020_lung --from FILE…" in problems[0] \
+        and "no reference 'tabula_sapiens_normal'" in problems[1], problems
+    _reference(project / "data" / "references" / "tabula_sapiens_normal.h5ad", "cell_type")
+    _reference(project / "data" / "references" / "kim2020_lung.h5ad", "celltype")
     problems = _messages(check_params(params, project, Path("data")))
-    assert problems == [f"annotate.label_column: 'cell_type': not a column of {project}/data/references/lung.h5ad "
-                        "(obs columns: celltype); did you mean 'celltype'?"]
-    (project / "data" / "references" / "lung.h5ad").write_bytes(b"not hdf5")
+    assert problems == [f"annotate.label_column: 'cell_type': not a column of {project}/data/references/"
+                        "kim2020_lung.h5ad (obs columns: celltype); did you mean 'celltype'?"]
+    (project / "data" / "references" / "kim2020_lung.h5ad").write_bytes(b"not hdf5")
     assert "cannot read the reference's obs" in _messages(check_params(params, project, Path("data")))[0]
+    _reference(project / "data" / "references" / "lung.h5ad", "cell_type")  # an override names any file stem
+    assert check_params(_tenx(project, annotate={"references": {"lung_x": "lung", "lung_y": "lung"}}), project,
+                        Path("data")) == []
+
+
+def test_10x_section_without_a_reference_in_the_rule_is_named(project):
+    _write_manifest(project / "manifest.csv", with_urls=True, sections=(
+        ("liver_x", "Liver", "Normal"), ("lung_x", "Lung", "Lung cancer"), ("heart_x", "Heart", "Heart failure")))
+    for name in ("tabula_sapiens_normal", "kim2020_lung"):
+        _reference(project / "data" / "references" / f"{name}.h5ad", "cell_type")
+    problems = _messages(check_params(_tenx(project), project, Path("data")))
+    assert len(problems) == 1 and problems[0].startswith(
+        "annotate.references: section heart_x: no reference for organ 'Heart' with status 'Heart failure': the "
+        "paper's Table 1 (data/manifests/references.csv) covers 'Normal' and 'Breast cancer'"), problems
+    assert problems[0].endswith("; map the section in annotate.references")
+    mapped = _tenx(project, annotate={"references": {"heart_x": "tabula_sapiens_normal"}})
+    assert check_params(mapped, project, Path("data")) == []
 
 
 def test_10x_references_must_hold_raw_counts_where_annotate_reference_counts_says(project):
@@ -190,13 +214,13 @@ def test_10x_references_must_hold_raw_counts_where_annotate_reference_counts_say
     counts = np.array([[3.0, 0.0], [1.0, 7.0], [0.0, 2.0]], dtype=np.float32)
     logged = ad.AnnData(np.log1p(counts), obs=pd.DataFrame({"cell_type": ["a", "b", "c"]}, index=["c1", "c2", "c3"]),
                         layers={"raw_counts": sparse.csr_matrix(counts)})
-    logged.write_h5ad(references / "lung.h5ad")
-    logged.write_h5ad(references / "liver.h5ad")
+    logged.write_h5ad(references / "kim2020_lung.h5ad")
+    logged.write_h5ad(references / "tabula_sapiens_normal.h5ad")
     problems = _messages(check_params(_tenx(project), project, Path("data")))
-    assert problems == [f"annotate.reference_counts: 'auto': {references}/{organ}.h5ad: X holds values that are not "
+    assert problems == [f"annotate.reference_counts: 'auto': {references}/{name}.h5ad: X holds values that are not "
                         "whole numbers (e.g. 1.386): normalised or log-transformed data, not raw counts; set "
                         "annotate.reference_counts to where the counts are (it has X, layers/raw_counts) — "
-                        "annotate would stop" for organ in ("liver", "lung")], problems
+                        "annotate would stop" for name in ("kim2020_lung", "tabula_sapiens_normal")], problems
     assert check_params(_tenx(project, annotate={"reference_counts": "layers/raw_counts"}), project, Path("data")) == []
     assert "it has no layers/counts (it has X, layers/raw_counts)" in _messages(check_params(
         _tenx(project, annotate={"reference_counts": "layers/counts"}), project, Path("data")))[0]

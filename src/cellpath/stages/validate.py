@@ -1,27 +1,50 @@
 """validate: check params.yaml and everything it points to before any stage removes an output
-(docs/decisions/0014); its record ``data/validated.json`` is a dependency of every other stage."""
+(docs/decisions/0014); its record ``data/validated.json`` is a dependency of every other stage.
+
+For ``source: 10x``, and for the paper's panel (``--preset paper``), it shows the panel's readiness:
+per section what is in place and the one action each gap needs (:mod:`cellpath.readiness`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from cellpath.config import load_params
 from cellpath.errors import ConfigError
 from cellpath.io.atomic import atomic_output
-from cellpath.preflight import check_project
+from cellpath.preflight import check_params, read_params
+from cellpath.readiness import check_readiness, paper_panel_params, render
+
+NOTHING_REMOVED = "no stage has run or removed anything"
 
 
-def run(params_path: Path, data_dir: Path, record: Path | None = None) -> str:
-    """Raise ConfigError listing every problem at once; else write ``record`` (when given) and return
-    a one-line summary of what was validated."""
-    problems = check_project(params_path, data_dir=data_dir)
+def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: str = "current") -> str:
+    """Raise ConfigError listing every problem at once (for a 10x panel: its readiness table); else
+    write ``record`` (when given) and return what was validated."""
+    if preset == "paper" and record is not None:
+        raise ConfigError("--record is the validate stage's output, which checks params.yaml as it is; "
+                          "leave out --preset paper there")
+    params, problems = read_params(params_path)
+    root = Path(".")
+    if params is not None and not problems and (preset == "paper" or params.source == "10x"):
+        paper, notes = preset == "paper", []
+        if paper:
+            params, notes = paper_panel_params(params, root)
+        report = check_readiness(params, root, data_dir, paper=paper, notes=tuple(notes))
+        text = render(report)
+        if not report.ready:
+            raise ConfigError(f"the panel is not ready ({NOTHING_REMOVED}):\n{text}")
+        _write_record(record, params_path)
+        return text
+    if params is not None:
+        problems += check_params(params, root, Path(data_dir))
     if problems:
         listed = "\n".join(f"  - {problem}" for problem in problems)
-        raise ConfigError(f"{len(problems)} problem(s); fix them and rerun (no stage has run or removed "
-                          f"anything):\n{listed}")
-    params = load_params(params_path)
+        raise ConfigError(f"{len(problems)} problem(s); fix them and rerun ({NOTHING_REMOVED}):\n{listed}")
+    _write_record(record, params_path)
+    return f"{params_path}: valid (source={params.source}, encoders: {', '.join(params.extract.encoders)})"
+
+
+def _write_record(record: Path | None, params_path: Path) -> None:
     if record is not None:  # every other stage depends on the record, so its content is fixed
         with atomic_output(record) as tmp:
             tmp.write_text(json.dumps({"params": str(params_path), "valid": True}) + "\n")
-    return f"{params_path}: valid (source={params.source}, encoders: {', '.join(params.extract.encoders)})"
