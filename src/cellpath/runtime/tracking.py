@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 
 from cellpath.config import MlflowConfig
+from cellpath.io.layout import DEFAULT_REPORTS_DIR
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
 
@@ -56,14 +57,20 @@ def resolve_artifact_location(location: str, root: Path) -> str:
     return location if "://" in location or location.startswith("file:") else (root / location).resolve().as_uri()
 
 
+#: What ``dvc repro`` itself rewrites in a git checkout: a run's own outputs do not make its tree dirty.
+PIPELINE_WRITTEN = ("dvc.lock", str(DEFAULT_REPORTS_DIR))
+
+
 def provenance_tags(root: Path) -> dict[str, str]:
-    """git commit (+ dirty flag), DVC experiment name and a short digest of every dvc.lock stage entry."""
+    """git commit (+ dirty flag: a tracked file changed outside :data:`PIPELINE_WRITTEN`), DVC experiment
+    name and a short digest of every dvc.lock stage entry."""
     tags = {"dvc.experiment": os.environ.get("DVC_EXP_NAME", "workspace")}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode == 0:
             tags["mlflow.source.git.commit"] = commit.stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                    *(f":(exclude){path}" for path in PIPELINE_WRITTEN)], cwd=root,
                                    capture_output=True, text=True, timeout=30)
             tags["git.dirty"] = str(bool(dirty.stdout.strip())).lower()
     except (OSError, subprocess.SubprocessError):

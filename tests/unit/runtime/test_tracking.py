@@ -71,3 +71,24 @@ def test_the_stage_log_is_attached_to_the_parent_even_when_the_stage_fails(tmp_p
     (run,) = client.search_runs([client.get_experiment_by_name("logs").experiment_id])
     assert run.info.status == "FAILED"
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["probe.log"]
+
+
+def test_a_runs_own_outputs_do_not_make_the_tree_dirty_but_an_edited_param_does(tmp_path):
+    """``dvc repro`` rewrites dvc.lock and the git-tracked reports while it runs: the report of a run of a
+    committed tree must not say "uncommitted changes" because of them."""
+    import subprocess
+
+    from cellpath.runtime.tracking import provenance_tags
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for name in ("params.yaml", "dvc.lock", "reports/metrics.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("a: 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "init"], check=True)
+    (tmp_path / "dvc.lock").write_text("a: 2\n")
+    (tmp_path / "reports" / "metrics.json").write_text("a: 2\n")
+    assert provenance_tags(tmp_path)["git.dirty"] == "false"
+    (tmp_path / "params.yaml").write_text("a: 2\n")
+    assert provenance_tags(tmp_path)["git.dirty"] == "true"
