@@ -4,15 +4,14 @@ commit and the machine), in the shapes benchmarks/results_table.py and its test 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
+from helpers.benchmark_scripts import load_benchmark_script
 from helpers.project import PROJECT_ROOT
 
 BENCHMARKS = PROJECT_ROOT / "benchmarks"
@@ -22,17 +21,9 @@ WRITERS = ("bench_executor.py", "bench_extract.py", "bench_fetch_ingest.py", "be
            "bench_scale.py", "bench_slide_read.py", "bench_encoder_gpu.py")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def provenance():
-    return _load("provenance")
+    return load_benchmark_script("provenance")
 
 
 def _in_a_git_checkout() -> bool:

@@ -3,14 +3,13 @@ every measurement there says when (date), on what code (commit) and where (machi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import json
 import re
 import shutil
 
 import pytest
 
+from helpers.benchmark_scripts import load_benchmark_script
 from helpers.project import PROJECT_ROOT
 
 BENCHMARKS = PROJECT_ROOT / "benchmarks"
@@ -19,17 +18,9 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("results_table", BENCHMARKS / "results_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["results_table"] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def results_table():
-    return _script()
+    return load_benchmark_script("results_table")
 
 
 def _json_files() -> list:

@@ -3,14 +3,12 @@ chromium (the README's docs/images/report.png)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from helpers.project import PROJECT_ROOT
+from helpers.benchmark_scripts import load_benchmark_script
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>report</title>
 <script src="https://cdn.example.org/never-fetched.js"></script></head>
@@ -19,18 +17,9 @@ PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>report</title>
 <div style="height:4000px;background:linear-gradient(#fff,#39c)"></div></body></html>"""
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("screenshot_report", PROJECT_ROOT / "benchmarks" /
-                                                  "screenshot_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["screenshot_report"] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def script():
-    return _script()
+    return load_benchmark_script("screenshot_report")
 
 
 def test_a_page_becomes_a_png_of_the_window_size(script, tmp_path):

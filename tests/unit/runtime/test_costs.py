@@ -121,11 +121,9 @@ def test_a_saved_model_loads_back_and_a_broken_one_names_its_file(tmp_path):
 def test_the_stored_model_agrees_with_the_benchmark_it_was_measured_by():
     """The cost model stored with the code reproduces the estimates bench_scale wrote beside its
     measurements, and every estimate is within 2× of the measured run (the issue's criterion)."""
-    import importlib.util
+    from helpers.benchmark_scripts import load_benchmark_script
 
-    spec = importlib.util.spec_from_file_location("bench_scale", PROJECT_ROOT / "benchmarks" / "bench_scale.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark_script("bench_scale")
     results = json.loads((PROJECT_ROOT / "benchmarks" / "results" / "scale.json").read_text())
     model = load_costs(COSTS_PATH)
     assert {"probe", "robustness"} <= {part for part in ("probe", "robustness", "extract")
