@@ -262,8 +262,9 @@ def _one_class_section(tmp: Path, panel: dict, _mp) -> Scenario:
 ANNOTATE_ROWS = {
     "reference-without-panel-genes": Row(
         lambda tmp, panel, _mp: _annotate_with_reference(tmp, panel, _rename_genes), InputError,
-        rf"^section {SECTION}: \S+/references/breast\.h5ad: the reference shares 0 gene\(s\) with the Xenium panel "
-        r"\(at least 20 needed\)"),
+        r"^\S+/references/breast\.h5ad: the reference's genes are Ensembl ids \(e\.g\. ENSG00000000000\) and var has "
+        r"none of the columns feature_name, gene_symbols, gene_symbol .* set annotate\.gene_symbols to the var column "
+        r"that holds the gene symbols$"),
     "one-class-section": Row(_one_class_section, RECORDED,
                              r"^1 valid Tcoarse class\(es\) \(< 2 with ≥ 10 eligible cells\)$"),
 }
@@ -433,8 +434,8 @@ PARAMS_ROWS = {
     "params-unknown-key": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["annotate"].update(confidence=0.4)),
                               ConfigError, r"^\S+/params\.yaml: unknown key `annotate\.confidence`: did you mean "
                               r"`confidence_threshold`\? allowed keys here: "
-                              r"references, label_column, label_vocabulary, reference_counts, regularisation_c, "
-                              r"confidence_threshold"),
+                              r"references, label_column, label_vocabulary, reference_counts, gene_symbols, "
+                              r"regularisation_c, confidence_threshold"),
     "params-out-of-range": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["probe"].update(val_fraction=1.5)),
                                ConfigError,
                                r"^\S+/params\.yaml: key `probe\.val_fraction`: Input should be less than 1 \(got 1\.5\)$"),
