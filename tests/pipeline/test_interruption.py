@@ -245,7 +245,8 @@ def _manifest_rows(root: Path, base_url: str) -> list[dict[str, str]]:
 
 
 def _fetch_project(pristine: Path, work: Path, rows: list[dict[str, str]]) -> Path:
-    """The tiny project on the 10x source, with the organ's reference in place (validate asks for it)."""
+    """The tiny project on the 10x source, with a reference in place for its sections (validate asks for it;
+    annotate.references maps them to it instead of the manifest's Tabula Sapiens rule)."""
     import anndata as ad
     import numpy as np
 
@@ -257,6 +258,7 @@ def _fetch_project(pristine: Path, work: Path, rows: list[dict[str, str]]) -> Pa
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["source"] = "10x"
     params["tenx"].update(retries=0, timeout_s=60.0)
+    params["annotate"]["references"] = {row["section_id"]: "liver" for row in rows}
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return work
 

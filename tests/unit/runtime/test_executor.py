@@ -226,7 +226,10 @@ def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tm
     assert [o.key for o in outcomes] == ["t0", "t1", "t2"] and all(o.computed for o in outcomes)
     written = [json.loads(o.output.read_text()) for o in outcomes]
     assert [w["value"] for w in written] == ["0", "1", "2"]
-    assert all(w["threads"] == expected for w in written)
+    # every library a worker has runs at the caller's count; the caller may have loaded more (an OpenMP runtime
+    # that scanpy or faiss brought in earlier in this process), which the workers never import
+    assert all({"torch", "blas"} <= w["threads"].keys() <= expected.keys() for w in written), (expected, written)
+    assert all(w["threads"] == {api: expected[api] for api in w["threads"]} for w in written), (expected, written)
     if executor == DASK_2:  # each LocalCluster spawns fresh workers (the local pool: see the next test)
         passive = "PASSIVE" if 2 * 3 > (os.cpu_count() or 1) else None  # 2 workers x 3 threads
         assert all(w["env"] == {"OMP_WAIT_POLICY": passive, "MALLOC_TRIM_THRESHOLD_": None} for w in written), written
