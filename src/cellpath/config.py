@@ -324,6 +324,8 @@ class ExecutorConfig(_Strict):
     address: Annotated[str, AfterValidator(_scheduler_address)] | None = None  # an existing Dask scheduler
     cluster: Literal["local", "slurm"] = "local"  # dask without an address: a LocalCluster or a SLURMCluster
     slurm: dict[str, Any] = {}  # dask_jobqueue.SLURMCluster keyword arguments (queue, cores, memory, walltime, ...)
+    # dask: seconds to wait for a first worker, and for one to come back when every worker is gone
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 600.0
 
     @model_validator(mode="after")
     def _dask_settings_need_dask(self) -> "ExecutorConfig":

@@ -19,7 +19,9 @@ runs (:func:`thread_settings`). Backends (``executor`` in params.yaml):
   at once and inherit no torch / OpenMP threads); a dead worker stops the stage with an
   :class:`ExecutorError` naming the unfinished tasks (rerunning resumes);
 - ``dask``: ``Client.submit`` / ``gather`` on an existing scheduler (``address``), a
-  ``LocalCluster`` or a ``dask_jobqueue.SLURMCluster``; Dask reruns the task of a lost worker.
+  ``LocalCluster`` or a ``dask_jobqueue.SLURMCluster`` (:mod:`cellpath.runtime.slurm`); Dask reruns
+  the task of a lost worker. With no worker connected for ``executor.startup_timeout_s`` (none
+  started, or every one was lost) the stage fails with an :class:`ExecutorError` saying why.
 
 A task that asks for a GPU (``Task.gpu``) gets one: each local worker process sees one GPU
 (``CUDA_VISIBLE_DEVICES``), and on Dask it needs the resource ``GPU: 1`` when the workers
@@ -47,6 +49,7 @@ from cellpath.io.atomic import atomic_output
 log = logging.getLogger(__name__)
 
 DASK_RETRIES = 2  # reruns of a task that raised (a worker that died is rescheduled by Dask itself)
+WATCH_S = 2.0  # how often a Dask run checks that some worker is still connected
 TASK_GATE_VARIABLE = "CELLPATH_TASK_GATE"  # tests only: a folder where finished tasks wait (see wait_at_gate)
 _THREAD_VARIABLES = {"openmp": ("OMP_NUM_THREADS",), "blas": ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
@@ -139,15 +142,17 @@ def gate_name(key: str) -> str:
 
 def wait_at_gate(key: str) -> None:
     """A test hook, inert unless ``CELLPATH_TASK_GATE`` names a folder: a task that has written its
-    output (not yet renamed into place) announces ``<name>.waiting`` there and waits until
-    ``<name>.go`` exists. A test can so interrupt a run at an exact task on any machine, however
-    fast, instead of racing the clock (tests/pipeline/test_interruption.py)."""
+    output (not yet renamed into place) announces ``<name>.waiting`` there (its key; ``<name>.pid``,
+    written first, names the waiting process) and waits until ``<name>.go`` exists. A test can so
+    interrupt a run at an exact task on any machine, however fast, instead of racing the clock
+    (tests/pipeline/test_interruption.py; test_slurm.py cancels the SLURM job of that process)."""
     folder = os.environ.get(TASK_GATE_VARIABLE)
     if not folder:
         return
     name = gate_name(key)
-    with atomic_output(Path(folder) / f"{name}.waiting") as tmp:
-        tmp.write_text(key)
+    for suffix, text in ((".pid", str(os.getpid())), (".waiting", key)):
+        with atomic_output(Path(folder) / f"{name}{suffix}") as tmp:
+            tmp.write_text(text)
     release = Path(folder) / f"{name}.go"
     while not release.exists():
         time.sleep(0.01)
@@ -297,13 +302,9 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
             yield client
         return
     if cfg.cluster == "slurm":
-        try:
-            from dask_jobqueue import SLURMCluster
-        except ImportError:
-            raise ExecutorError("executor.cluster: slurm needs dask-jobqueue, which is not installed; "
-                                "`pip install dask-jobqueue` (it is an optional dependency)") from None
-        cluster = SLURMCluster(**cfg.slurm)
-        cluster.scale(jobs=cfg.workers)
+        from cellpath.runtime.slurm import start_cluster
+
+        cluster = start_cluster(cfg)
     else:
         import dask
 
@@ -321,21 +322,84 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
 
 def _run_dask(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int], progress: TaskProgress) -> list[Outcome]:
     """Submit every task (pure=False, keyed by the task key, retried) and gather in task order."""
-    from distributed import KilledWorker, as_completed as dask_as_completed
+    from distributed import KilledWorker
 
     local = cfg.address is None and cfg.cluster == "local"  # workers started here, on this machine
     gpus = visible_gpus() if local and any(task.gpu for task in tasks) else []
     guard = oversubscription_guard(cfg.workers, threads) if local else contextlib.nullcontext()
     with guard, dask_client(cfg, gpus) as client:
-        client.wait_for_workers(1)
+        jobs = _wait_for_a_worker(client, cfg)
         advertised = any("GPU" in worker.get("resources", {}) for worker in client.scheduler_info()["workers"].values())
         futures = [client.submit(execute, task, threads, key=task.key, pure=False, retries=DASK_RETRIES,
                                  resources={"GPU": 1} if task.gpu and advertised else None) for task in tasks]
         try:
-            for future in dask_as_completed(futures):
-                progress.finished(future.result())
+            _watch(client, futures, cfg, progress, jobs)
             return client.gather(futures)
         except KilledWorker as exc:
             raise ExecutorError(
                 f"task {exc.task} was on {exc.allowed_failures + 1} Dask workers that died (killed, out of memory "
                 "or crashed); finished tasks are kept: rerun the stage to resume") from None
+
+
+def _slurm_jobs(client, cfg: ExecutorConfig) -> list[str] | None:
+    """The job ids of the SLURMCluster started here (None for any other cluster)."""
+    if cfg.address is not None or cfg.cluster != "slurm":
+        return None
+    from cellpath.runtime.slurm import job_ids
+
+    return job_ids(client.cluster)
+
+
+def _wait_for_a_worker(client, cfg: ExecutorConfig) -> list[str] | None:
+    """Until a first worker connects; past ``executor.startup_timeout_s`` an error says why none did.
+    Returns (and logs) the SLURM job ids of the workers, None when they are no SLURM jobs."""
+    try:
+        client.wait_for_workers(1, timeout=cfg.startup_timeout_s)
+    except TimeoutError:
+        jobs = _slurm_jobs(client, cfg)
+        if jobs is None:
+            why = f"start workers for the scheduler at {client.scheduler.address}, or check executor.address"
+        else:
+            from cellpath.runtime.slurm import PENDING_ADVICE, job_states
+
+            why = f"SLURM jobs: {job_states(jobs)}. {PENDING_ADVICE}"
+        raise ExecutorError(f"no Dask worker connected within executor.startup_timeout_s "
+                            f"({cfg.startup_timeout_s:g} s); {why}") from None
+    jobs = _slurm_jobs(client, cfg)
+    if jobs is not None:
+        log.info("executor: Dask workers in SLURM job(s) %s", ", ".join(jobs))
+    return jobs
+
+
+def _watch(client, futures: list, cfg: ExecutorConfig, progress: TaskProgress, jobs: list[str] | None) -> None:
+    """Until every future is done, logging each as it finishes; when every worker has been gone for
+    ``executor.startup_timeout_s`` (SLURM ``jobs`` cancelled or past their walltime: Dask starts no
+    new ones), an error says so instead of waiting forever."""
+    from distributed import wait
+
+    pending, gone_since = set(futures), None
+    while pending:
+        try:
+            done, pending = wait(pending, timeout=WATCH_S, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            done = set()
+        for future in done:
+            progress.finished(future.result())
+        if client.nthreads():
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since > cfg.startup_timeout_s:
+            raise ExecutorError(_all_gone(cfg, len(pending), jobs))
+
+
+def _all_gone(cfg: ExecutorConfig, unfinished: int, jobs: list[str] | None) -> str:
+    """The error once every worker has been gone for ``executor.startup_timeout_s``."""
+    text = (f"every Dask worker was gone and none came back within executor.startup_timeout_s "
+            f"({cfg.startup_timeout_s:g} s), {unfinished} task(s) unfinished; finished tasks are kept: rerun the "
+            "stage to resume")
+    if jobs is None:
+        return text
+    from cellpath.runtime.slurm import job_states
+
+    return f"{text} (SLURM jobs: {job_states(jobs)}; a longer executor.slurm.walltime keeps them to a stage's end)"
