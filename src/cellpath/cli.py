@@ -141,7 +141,8 @@ def _plan(args: argparse.Namespace) -> None:
 
     print(run(load_params(args.params), Path(args.data_dir), preset=args.preset, costs_path=Path(args.costs),
               worker_cores=args.worker_cores, worker_memory_gb=args.worker_memory_gb,
-              deadline_days=args.deadline_days, as_json=args.json))
+              deadline_days=args.deadline_days, as_json=args.json, models=args.models,
+              node_gpus=args.node_gpus))
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -282,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--deadline-days", type=float, default=7.0,
                                help="finish within this many days (default: %(default)s)")
             stage.add_argument("--json", action="store_true", help="print the plan as JSON")
+            stage.add_argument("--models", nargs="+", metavar="SLUG",
+                               help="only these encoders' share of the configuration (registry slugs): their "
+                                    "extraction and their probe and robustness runs, on the same panel")
+            stage.add_argument("--node-gpus", type=int, default=8,
+                               help="GPUs of the node whose days the plan prints (default: %(default)s)")
     return parser
 
 

@@ -4,7 +4,9 @@ For the current params, or the paper's configuration (``--preset paper``): secti
 patches and feature bytes per encoder and magnification, probe runs per protocol, and per stage
 the core-hours (CPU), GPU-hours, the largest task's peak memory and the disk, from the cost model
 stored with the code (``cellpath.runtime.costs``; measured by ``benchmarks/bench_scale.py``, not
-by the last run), and the workers of a given size that would finish it within a deadline. Every
+by the last run), the workers of a given size that would finish it within a deadline and the days
+on one GPU node (``--node-gpus``). ``--models`` prices one encoder's share of the configuration
+(its extraction, its probe and robustness runs) instead of all of them. Every
 number says where it came from (:mod:`cellpath.planning.workload`); a device the cost model has no
 measurement for is reported as not measured, never guessed.
 """
@@ -22,8 +24,11 @@ from cellpath.runtime.costs import COSTS_PATH
 
 def run(params: Params, data_dir: Path, *, preset: str = "current", costs_path: Path = COSTS_PATH,
         worker_cores: int | None = None, worker_memory_gb: float | None = None, deadline_days: float = 7.0,
-        as_json: bool = False) -> str:
-    """The plan as a text table, or as JSON (``as_json``); workers default to this machine's size."""
+        as_json: bool = False, models: list[str] | None = None, node_gpus: int = 8) -> str:
+    """The plan as a text table, or as JSON (``as_json``); workers default to this machine's size.
+    ``models`` (registry slugs): only those encoders' share of the configuration; ``node_gpus``: the
+    GPUs of the node whose days the plan prints."""
     plan = build_plan(params, data_dir, preset=preset, costs_path=costs_path, worker_cores=worker_cores,
-                      worker_memory_gb=worker_memory_gb, deadline_days=deadline_days)
+                      worker_memory_gb=worker_memory_gb, deadline_days=deadline_days, models=models,
+                      node_gpus=node_gpus)
     return json.dumps(plan, indent=2) if as_json else render(plan)

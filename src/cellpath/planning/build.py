@@ -3,34 +3,56 @@ cost model (:mod:`cellpath.runtime.planning`), as one JSON-serialisable dict.
 
 For the current params, or the paper's configuration (``preset="paper"``: its run count is derived
 with ``count_runs`` on the 25 sections of the manifest and compared with Table 3). Data in the data
-folder is used only for the current params.
+folder is used only for the current params. With ``models``, the plan is one encoder's (or a few
+encoders') share of that configuration: the same panel and protocols, their runs only.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from cellpath.config import Params
-from cellpath.features.encoders.registry import selected_encoders
+from cellpath.errors import ConfigError
+from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
 from cellpath.features.panel import load_panel_cells
 from cellpath.io.layout import panels_csv
 from cellpath.planning.paper import paper_comparison, paper_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload)
 from cellpath.runtime.costs import COSTS_PATH, load_costs
-from cellpath.runtime.planning import Workload, not_estimated, stage_estimates, this_machine, week_summary
+from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
+                                       week_summary)
+
+
+def chosen_encoders(encoders: list[EncoderSpec], models: list[str] | None, preset: str) -> list[EncoderSpec]:
+    """The configuration's encoders, or only those named by ``models`` (slugs, in the configuration's
+    order); an unknown slug raises a ConfigError listing the configuration's slugs."""
+    if not models:
+        return encoders
+    known = [spec.slug for spec in encoders]
+    unknown = [slug for slug in models if slug not in known]
+    if unknown:
+        close = [match for slug in unknown for match in difflib.get_close_matches(slug, known, n=1, cutoff=0.6)]
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        raise ConfigError(f"--models: no encoder {', '.join(repr(s) for s in unknown)} in the {preset} "
+                          f"configuration{hint}; its {len(known)} slugs: {', '.join(known)}")
+    return [spec for spec in encoders if spec.slug in models]
 
 
 def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
-               deadline_days: float = 7.0) -> dict:
-    """The plan: panel, features, probe runs, per-stage estimates and the workers to finish within
-    ``deadline_days`` days. Workers default to this machine's size (cores, memory in GB)."""
+               deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8) -> dict:
+    """The plan: panel, features, probe runs, per-stage estimates, the workers to finish within
+    ``deadline_days`` days and the days on one node of ``node_gpus`` GPUs. Workers default to this
+    machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
+    configuration: their extraction and their probe and robustness runs, on the same panel."""
     if preset == "paper":
         params = paper_params(params)
     data_dir = Path(data_dir)
     model = load_costs(costs_path)
-    encoders = selected_encoders(params.extract.registry, params.extract.encoders)
+    configured = selected_encoders(params.extract.registry, params.extract.encoders)
+    encoders = chosen_encoders(configured, models, preset)
     magnifications = list(params.extract.magnifications)
     evaluated = None
     if preset == "current" and panels_csv(data_dir).is_file():
@@ -40,7 +62,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
     features = feature_rows(encoders, magnifications, data_dir if preset == "current" else None, sections,
                             model.costs("cpu").extract)
     probe = probe_counts(params, encoders, magnifications, panel, evaluated)
-    if preset == "paper":
+    if preset == "paper" and len(encoders) == len(configured):
         probe["paper"] = paper_comparison({p: row["runs"] for p, row in probe["protocols"].items()},
                                           probe["total"]["runs"])
     work = Workload(
@@ -54,7 +76,9 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
     estimates = stage_estimates(model, work)
     machine = this_machine()
     worker_memory = worker_memory_gb * 1e9 if worker_memory_gb else machine["memory_bytes"]
-    return {"preset": preset, "hardware": {"cpus": machine["cpus"], "gpus": machine["gpus"]},
+    return {"preset": preset, "models": [spec.slug for spec in encoders] if models else None,
+            "configured_encoders": len(configured),
+            "hardware": {"cpus": machine["cpus"], "gpus": machine["gpus"]},
             "panel": {**panel, "sections": len(panel["sections"]),
                       "organs": len({s["organ"] for s in panel["sections"]}),
                       "cells": int(sum(s["cells"] for s in panel["sections"]))},
@@ -63,4 +87,5 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
             "probe": probe,
             "cost_model": {"path": str(costs_path), "machine": model.machine, "devices": sorted(model.devices)},
             "estimates": estimates, "not_estimated": not_estimated(estimates),
-            "week": week_summary(estimates, worker_cores or machine["cpus"] or 1, worker_memory, deadline_days)}
+            "week": week_summary(estimates, worker_cores or machine["cpus"] or 1, worker_memory, deadline_days),
+            "gpu_node": gpu_node_summary(estimates, node_gpus)}

@@ -23,7 +23,11 @@ def _bytes(size: float | None) -> str:
 def _features(plan: dict) -> list[str]:
     """The header, the panel, and the features per encoder and magnification with the patch store."""
     panel = plan["panel"]
-    lines = [f"cellpath plan ({plan['preset']}) on {plan['hardware']['cpus']} CPUs, {plan['hardware']['gpus']} GPUs",
+    models = plan.get("models")
+    share = (f"; {', '.join(models)}: {len(models)} of its {plan['configured_encoders']} encoders, their runs only"
+             if models else "")
+    lines = [f"cellpath plan ({plan['preset']}{share}) on {plan['hardware']['cpus']} CPUs, "
+             f"{plan['hardware']['gpus']} GPUs",
              f"panel {panel['name']}: {panel['sections']} sections, {panel['organs']} organs, {panel['cells']:,} cells"
              + (f" ({panel['evaluated_cells']:,} evaluated)" if panel["evaluated_cells"] else "")
              + f"  [{panel['source']}]", "",
@@ -40,7 +44,8 @@ def _features(plan: dict) -> list[str]:
 def _probe(plan: dict) -> list[str]:
     """Probe runs per protocol and in all, and the paper's Table 3 where the plan compares with it."""
     probe = plan["probe"]
-    lines = [f"probe runs ({plan['encoders']} encoders × {len(plan['magnifications'])} magnifications) "
+    lines = [f"probe runs ({plan['encoders']} encoder{'' if plan['encoders'] == 1 else 's'} × "
+             f"{len(plan['magnifications'])} magnifications) "
              f"[{probe['source']}]",
              f"{'protocol':<10}{'units':>7}{'seeds':>7}{'runs':>12}{'unavailable':>13}{'skipped':>10}{'fitted':>12}"]
     for name, row in [*probe["protocols"].items(), ("total", probe["total"])]:
@@ -67,7 +72,7 @@ def _estimate_line(stage: str, device: str, parts: list[dict]) -> str:
             f"{_bytes(max(e['peak_memory_bytes'] for e in parts)):>14}"
             f"{_bytes(None if None in disks else sum(disks)):>11}"
             + (f"  (iterations p25–p75: {ranges[0][0] / 3600:,.0f}–{ranges[0][1] / 3600:,.0f} "
-               "core-hours)" if ranges else ""))
+               f"{'GPU' if device == 'cuda' else 'core'}-hours)" if ranges else ""))
 
 
 def _costs(plan: dict) -> list[str]:
@@ -102,6 +107,23 @@ def _week(plan: dict) -> list[str]:
     return lines
 
 
+def _gpu_node(plan: dict) -> list[str]:
+    """GPU-hours per stage priced on cuda and the days on one node of that many GPUs, with their sources."""
+    node = plan["gpu_node"]
+    head = f"on one {node['node_gpus']}-GPU node (cuda; ideal packing, so a lower bound)"
+    if not node["stages"]:
+        return [f"{head}: not measured (the cost model has no cuda costs)"]
+    lines = [f"{head}:"]
+    for row in node["stages"]:
+        lines.append(f"  {row['stage']:<12}{row['gpu_hours']:>14,.1f} GPU-hours   → {row['days']:>8,.2f} days")
+    lines.append(f"  {'all':<12}{node['gpu_hours']:>14,.1f} GPU-hours   → {node['days']:>8,.2f} days"
+                 + (f" (not measured on cuda: {', '.join(node['not_measured'])})" if node["not_measured"] else ""))
+    sources = sorted({source for row in node["stages"] for source in row["sources"]})
+    return lines + [f"  source: {source}" for source in sources]
+
+
 def render(plan: dict) -> str:
-    """The plan as a readable text table: features, probe runs, cost per stage, workers for the deadline."""
-    return "\n".join([*_features(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan)])
+    """The plan as a readable text table: features, probe runs, cost per stage, workers for the deadline
+    and the days on one GPU node."""
+    return "\n".join([*_features(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan), "",
+                      *_gpu_node(plan)])

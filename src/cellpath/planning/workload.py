@@ -121,7 +121,8 @@ def extract_jobs(encoders: list[EncoderSpec], features: list[dict]) -> list[Extr
             continue
         jobs.append(ExtractJob(encoder=spec.slug, parameters=parameters, input_size=spec.input_size,
                                patch_size=spec.patch_size, prefix_tokens=spec.num_prefix_tokens, patches=sum(patches),
-                               disk_bytes=sum(r["bytes"] for r in features if r["encoder"] == spec.slug)))
+                               disk_bytes=sum(r["bytes"] for r in features if r["encoder"] == spec.slug),
+                               precision=spec.precision))
     return jobs
 
 

@@ -18,7 +18,13 @@ and product of a row, as the standardiser and the scoring make). Robustness, per
 cells of width w: ``n² · w · s_full`` when n ≤ ``full_max_cells``, else ``anchors · n · w ·
 s_anchor``; heap ``base + queries · w · b_query + n · b_cell`` (queries: n or the anchors). Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
 being 2 · parameters · tokens (the linear layers; attention adds under 10 % at 256 tokens for
-ViT-B and wider).
+ViT-B and wider). Where a device's entry has a rate per autocast precision and a read floor (the
+``cuda`` entry, ``benchmarks/gpu/merge_costs.py``): ``patches · max(GFLOP · s_per_gflop[precision],
+s_read · (input / 224)²)``, the forward pass and the CPU workers' reading overlapping.
+
+The ``cuda`` entry is in seconds of one GPU (its ``cores`` is 1: core-seconds there are GPU-seconds),
+measured by ``benchmarks/gpu/run.sh``; what it copies from the ``cpu`` entry (host heap, patches
+per cell, iterations) its ``source`` says.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from cellpath.errors import ConfigError
@@ -68,12 +74,19 @@ class RobustnessCosts:
 
 @dataclass(frozen=True)
 class ExtractCosts:
-    """Seconds per GFLOP of encoder forward pass, and patches per cell at input 224 per magnification."""
+    """Seconds per GFLOP of encoder forward pass, and patches per cell at input 224 per magnification.
+
+    Optional (a GPU's entry): seconds per GFLOP per autocast precision (``fp32``, ``bf16``, ``fp16``;
+    a precision not listed uses ``seconds_per_gflop``) and the seconds the read-ahead workers take to
+    deliver one 224-px patch (the floor of a patch's time, scaled by its area at other input sizes).
+    """
 
     seconds_per_gflop: float
     patches_per_cell_224: dict[str, float]
     cores: int
     source: str
+    seconds_per_gflop_by_precision: dict[str, float] | None = None
+    seconds_per_patch_read: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,10 @@ class CostModel:
         return self.devices.get(device, DeviceCosts())
 
 
+#: Fields a device's entry may leave out (their default, None, is not written).
+_OPTIONAL = ("seconds_per_gflop_by_precision", "seconds_per_patch_read")
+
+
 def load_costs(path: Path = COSTS_PATH) -> CostModel:
     """The stored cost model (``ConfigError`` naming the file when it is missing or malformed)."""
     try:
@@ -112,8 +129,16 @@ def load_costs(path: Path = COSTS_PATH) -> CostModel:
                           "`python benchmarks/bench_scale.py --calibrate`") from error
 
 
+def _device_dict(costs: DeviceCosts) -> dict:
+    """A device's costs as JSON: an optional field left unset (None) is not written."""
+    return {name: None if part is None else {key: value for key, value in asdict(part).items()
+                                             if value is not None or key not in _OPTIONAL}
+            for name, part in ((f.name, getattr(costs, f.name)) for f in fields(DeviceCosts))}
+
+
 def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
-    data = {"machine": model.machine, "devices": {device: asdict(costs) for device, costs in model.devices.items()}}
+    data = {"machine": model.machine,
+            "devices": {device: _device_dict(costs) for device, costs in model.devices.items()}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     partial = Path(path).with_suffix(".json.tmp")
     partial.write_text(json.dumps(data, indent=2) + "\n")
@@ -196,8 +221,15 @@ def extract_patches(costs: ExtractCosts, n_cells: int, magnification: str, input
     return n_cells * costs.patches_per_cell_224[magnification] * (224 / input_size) ** 2
 
 
-def extract_seconds(costs: ExtractCosts, patches: float, gflop_per_patch: float) -> float:
-    return patches * gflop_per_patch * costs.seconds_per_gflop
+def extract_seconds(costs: ExtractCosts, patches: float, gflop_per_patch: float, precision: str = "fp32",
+                    input_size: int = 224) -> float:
+    """Seconds to encode ``patches``: GFLOP × seconds per GFLOP (at ``precision`` where the entry has
+    a rate per precision), or the read floor per patch (× (input_size / 224)²) when that is longer."""
+    per_gflop = (costs.seconds_per_gflop_by_precision or {}).get(precision, costs.seconds_per_gflop)
+    per_patch = gflop_per_patch * per_gflop
+    if costs.seconds_per_patch_read is not None:
+        per_patch = max(per_patch, costs.seconds_per_patch_read * (input_size / 224) ** 2)
+    return patches * per_patch
 
 
 def feature_bytes(n_cells: int, width: int, n_readouts: int) -> int:

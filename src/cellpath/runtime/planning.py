@@ -32,6 +32,7 @@ class ExtractJob:
     prefix_tokens: int
     patches: int
     disk_bytes: int
+    precision: str = "fp32"  # the registry's autocast precision on a GPU (a CPU runs fp32)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob) -> dict:
     """One encoder's extraction: forward-pass seconds from its GFLOP per patch, its fp32 weights plus
     the working set as peak memory, its features as disk."""
     gflop = patch_gflop(job.parameters, job.input_size, job.patch_size, job.prefix_tokens)
-    seconds = extract_seconds(costs, job.patches, gflop)
+    seconds = extract_seconds(costs, job.patches, gflop, job.precision, job.input_size)
     return {"stage": "extract", "what": job.encoder, "device": device, "units": job.patches, "unit": "patch",
             "seconds": seconds, "core_seconds": seconds * costs.cores,
             "peak_memory_bytes": job.parameters * 4 + EXTRACT_WORKING_BYTES, "disk_bytes": job.disk_bytes,
@@ -138,6 +139,23 @@ def week_summary(estimates: list[dict], worker_cores: int, worker_memory_bytes: 
     return {"deadline_days": deadline_days, "worker_cores": worker_cores, "worker_memory_bytes": worker_memory_bytes,
             "core_hours": core_hours, "workers": workers_needed(core_hours * 3600, worker_cores, deadline_days * 86400),
             "stages": week}
+
+
+def gpu_node_summary(estimates: list[dict], node_gpus: int) -> dict:
+    """Per stage priced on ``cuda``: GPU-hours, and the days one node of ``node_gpus`` GPUs takes for
+    them (GPU-hours / node_gpus / 24: ideal packing, so a lower bound); in all over those stages, with
+    the stages that have no ``cuda`` cost and the cost model's sources of the figures."""
+    rows = []
+    for stage in STAGES:
+        parts = [e for e in estimates if e["stage"] == stage and e["device"] == "cuda"]
+        if parts:
+            hours = sum(e["seconds"] for e in parts) / 3600
+            sources = {e["source"].split("; ", 1)[1] if stage == "extract" else e["source"] for e in parts}
+            rows.append({"stage": stage, "gpu_hours": hours, "days": hours / node_gpus / 24,
+                         "sources": sorted(sources)})
+    hours = sum(row["gpu_hours"] for row in rows)
+    return {"node_gpus": node_gpus, "stages": rows, "gpu_hours": hours, "days": hours / node_gpus / 24,
+            "not_measured": [stage for stage in STAGES if stage not in {row["stage"] for row in rows}]}
 
 
 def this_machine() -> dict:

@@ -10,8 +10,9 @@ import yaml
 from cellpath.cli import main
 from cellpath.config import load_params, parse_params
 from cellpath.features.encoders.registry import load_registry
+from cellpath.features.readouts import readout_available, readout_width
 from cellpath.planning.build import build_plan
-from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3
+from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3, paper_params
 from cellpath.runtime.costs import CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts, save_costs
 from helpers.project import PROJECT_ROOT
 
@@ -134,3 +135,61 @@ def test_cli_plan_without_a_cost_model_names_the_file(at_root, tmp_path, capsys)
     missing = tmp_path / "nowhere.json"
     assert main(["plan", "--preset", "paper", "--costs", str(missing)]) != 0
     assert "nowhere.json: not a readable cost model" in capsys.readouterr().err
+
+
+def test_one_model_of_the_paper_is_its_share_of_every_stage(at_root, tmp_path):
+    """`--models uni`: UNI's extraction as priced among all 30, and its share of the probe and robustness
+    work. Iteration and pass costs are the same in both modes here, and every encoder runs the same
+    splits, so a run's cost is proportional to its design columns (width + 1) and a scoring's to its
+    width: UNI's share is worked out from the registry's widths and the readouts."""
+    per_mode = {"in_memory": 1e-10, "streamed": 1e-10}
+    model = CostModel(machine={"cpus": 2}, devices={"cpu": DeviceCosts(
+        probe=ProbeCosts(seconds_per_iteration=per_mode, seconds_per_pass={m: 1e-9 for m in per_mode},
+                         iterations_per_c=100, iterations_range=(50, 200), iterations_source="test",
+                         heap_base_bytes=0, heap_bytes_per_cell=0, source="test probe"),
+        robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
+                                   heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test"),
+        extract=ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"40x": 0.06, "20x": 0.015, "10x": 0.00375},
+                             cores=2, source="test extract"))})
+    costs = tmp_path / "costs.json"
+    save_costs(model, costs)
+    full = build_plan(load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs)
+    one = build_plan(load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs, models=["uni"])
+    assert one["models"] == ["uni"] and one["encoders"] == 1 and one["configured_encoders"] == 30
+    assert "paper" not in one["probe"] and one["panel"] == full["panel"]
+
+    def stage(plan, name):
+        return [e for e in plan["estimates"] if e["stage"] == name and e["device"] == "cpu"]
+
+    assert stage(one, "extract") == [e for e in stage(full, "extract") if e["what"] == "uni"]
+    params = paper_params(load_params("params.yaml"))
+    specs = [s for s in load_registry("models/encoders.yaml").values() if s.type != "control"]
+    uni = next(s for s in specs if s.slug == "uni")
+
+    def columns(spec, readouts, extra):
+        return sum(readout_width(spec.embed_dim, r) + extra for r in readouts if readout_available(spec, r))
+
+    probe_share = columns(uni, params.probe.readouts, 1) / sum(columns(s, params.probe.readouts, 1) for s in specs)
+    runs_share = (sum(readout_available(uni, r) for r in params.probe.readouts)
+                  / sum(readout_available(s, r) for s in specs for r in params.probe.readouts))
+    robustness_share = (columns(uni, params.robustness.readouts, 0)
+                        / sum(columns(s, params.robustness.readouts, 0) for s in specs))
+    (probe_one,), (probe_all,) = stage(one, "probe"), stage(full, "probe")
+    assert probe_one["core_seconds"] == pytest.approx(probe_all["core_seconds"] * probe_share, rel=1e-12)
+    assert probe_one["units"] == pytest.approx(probe_all["units"] * runs_share, rel=1e-12)
+    assert probe_one["units"] == one["probe"]["total"]["runs"] == 10_164  # 304,920 runs / 30, UNI has a CLS token
+    (rob_one,), (rob_all,) = stage(one, "robustness"), stage(full, "robustness")
+    assert rob_one["core_seconds"] == pytest.approx(rob_all["core_seconds"] * robustness_share, rel=1e-12)
+    assert one["week"]["core_hours"] == pytest.approx(
+        (stage(one, "extract")[0]["core_seconds"] + probe_one["core_seconds"] + rob_one["core_seconds"]) / 3600)
+
+
+def test_cli_plan_of_one_model_and_an_unknown_slug(at_root, tmp_path, costs, capsys):
+    assert main(["plan", "--preset", "paper", "--models", "uni", "--costs", str(costs)]) == 0
+    table = capsys.readouterr().out
+    assert "cellpath plan (paper; uni: 1 of its 30 encoders, their runs only)" in table
+    assert "probe runs (1 encoder × 3 magnifications)" in table and "uni " in table and "virchow2 " not in table
+    assert main(["plan", "--preset", "paper", "--models", "unii", "--costs", str(costs)]) != 0
+    error = capsys.readouterr().err
+    assert "--models: no encoder 'unii' in the paper configuration (did you mean 'uni'?)" in error
+    assert "its 30 slugs: h-optimus-1, h-optimus-0, prov-gigapath" in error and "dinov3-vit-b-16" in error

@@ -11,8 +11,8 @@ import pytest
 from cellpath.errors import ConfigError
 from cellpath.probing.fit import ProbeTask, design_row_bytes, fit_tasks
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
-                                    extract_patches, feature_bytes, load_costs, parameter_count, patch_gflop,
-                                    probe_fit_seconds, probe_heap_bytes, probe_mode, robustness_heap_bytes,
+                                    extract_patches, extract_seconds, feature_bytes, load_costs, parameter_count,
+                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, probe_mode, robustness_heap_bytes,
                                     robustness_seconds, save_costs, workers_needed)
 from helpers.project import PROJECT_ROOT
 
@@ -99,6 +99,30 @@ def test_patch_gflop_and_patches_and_bytes_golden():
     assert extract_patches(costs, 1_000_000, "20x", 224) == pytest.approx(15_000)
     assert extract_patches(costs, 1_000_000, "20x", 448) == pytest.approx(3_750)  # four times the patch area
     assert feature_bytes(7_000_000, 1_280, 3) == 7_000_000 * 1_280 * 3 * 2
+
+
+def test_extract_seconds_per_precision_with_a_read_floor_golden():
+    cpu = ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"20x": 0.015}, cores=2, source="test")
+    assert extract_seconds(cpu, 1_000, 8.0, "bf16", 448) == pytest.approx(1_000 * 8.0 * 0.01)  # one rate, no floor
+    gpu = ExtractCosts(seconds_per_gflop=1e-4, patches_per_cell_224={"20x": 0.015}, cores=1, source="test",
+                       seconds_per_gflop_by_precision={"fp32": 1e-4, "bf16": 1e-5}, seconds_per_patch_read=5e-4)
+    assert extract_seconds(gpu, 1_000, 120.0, "bf16", 224) == pytest.approx(1_000 * 120.0 * 1e-5)  # the forward
+    assert extract_seconds(gpu, 1_000, 8.0, "bf16", 224) == pytest.approx(1_000 * 5e-4)  # the read floor
+    assert extract_seconds(gpu, 1_000, 8.0, "bf16", 448) == pytest.approx(1_000 * 5e-4 * 4)  # four times the area
+    assert extract_seconds(gpu, 1_000, 120.0, "fp16", 224) == pytest.approx(1_000 * 120.0 * 1e-4)  # not listed
+
+
+def test_optional_extract_fields_are_written_only_when_set(tmp_path):
+    cpu = ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"20x": 0.015}, cores=2, source="test")
+    gpu = ExtractCosts(seconds_per_gflop=1e-4, patches_per_cell_224={"20x": 0.015}, cores=1, source="test",
+                       seconds_per_gflop_by_precision={"bf16": 1e-5}, seconds_per_patch_read=5e-4)
+    model = CostModel(machine={}, devices={"cpu": DeviceCosts(extract=cpu), "cuda": DeviceCosts(extract=gpu)})
+    path = tmp_path / "costs.json"
+    save_costs(model, path)
+    written = json.loads(path.read_text())["devices"]
+    assert set(written["cpu"]["extract"]) == {"seconds_per_gflop", "patches_per_cell_224", "cores", "source"}
+    assert written["cuda"]["extract"]["seconds_per_patch_read"] == 5e-4 and written["cpu"]["probe"] is None
+    assert load_costs(path) == model
 
 
 def test_workers_for_a_deadline():
