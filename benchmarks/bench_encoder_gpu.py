@@ -4,7 +4,7 @@ For each family — timm (UNI2), transformers (Phikon-v2), open_clip (OmiCLIP), 
 timm + LoRA (SEAL (UNI2)) — writes a checkpoint of random weights in the model's published file
 layout (no download), loads it through ``load_encoder`` strictly, as a real checkpoint would be,
 and times ``forward_tokens`` (autocast at the row's precision on CUDA) on batches of random
-uint8 tiles after a warm-up. The baseline, in the same run and under the same conditions, is
+uint8 tiles after a warm-up (``gpu.encoders.compare_precisions``, the timing of benchmarks/gpu/run.sh). The baseline, in the same run and under the same conditions, is
 the same module's ``forward_features`` in fp32 on the same tiles: ``speedup`` = fp32 time /
 autocast time. Writes ``$OUT/encoder_gpu.json`` (or benchmarks/results/) with img/s, the speedup,
 peak GPU memory, whether the tokens are finite and the grid shape.
@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from cellpath.features.encoders.beit3_format import Beit3Tokens
 from cellpath.features.encoders.loading import build_timm_module, images_to_tensor, load_encoder
 from cellpath.features.encoders.registry import EncoderSpec, load_registry
 
+from gpu.encoders import compare_precisions
 from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,18 +77,6 @@ def write_checkpoint(spec: EncoderSpec, folder: Path) -> Path:
     return folder / spec.checkpoint.filename
 
 
-def timed(run, batches: list, device: torch.device) -> float:
-    run(batches[0])  # warm-up (kernels, autotuning)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for batch in batches:
-        run(batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
-
-
 def bench(spec: EncoderSpec, device: torch.device, batch: int, n_batches: int, work: Path) -> dict:
     weights = write_checkpoint(spec, work / spec.slug)
     encoder = load_encoder(spec, weights_path=weights, device=device, weights_dir=work / "none",
@@ -96,21 +84,20 @@ def bench(spec: EncoderSpec, device: torch.device, batch: int, n_batches: int, w
     rng = np.random.default_rng(0)
     tiles = [rng.integers(0, 256, size=(batch, spec.input_size, spec.input_size, 3), dtype=np.uint8)
              for _ in range(n_batches)]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    autocast_s = timed(encoder.forward_tokens, tiles, device)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    # the same tiles, converted the same way, without autocast (the timing of benchmarks/gpu/encoders.py)
+    rates = compare_precisions(encoder.forward_tokens,
+                               lambda t: encoder.module.forward_features(images_to_tensor(t, spec, device)),
+                               tiles, device)
     cls, grid = encoder.forward_tokens(tiles[0])
-    with torch.inference_mode():  # the same tiles, converted the same way, without autocast
-        fp32_s = timed(lambda t: encoder.module.forward_features(images_to_tensor(t, spec, device)), tiles, device)
-    images = batch * n_batches
     return {"model": spec.name, "loader": spec.loader + ("+lora" if spec.lora else ""), "precision": spec.precision,
             "autocast_dtype": str(encoder.autocast_dtype), "input_size": spec.input_size,
             "grid": list(grid.shape[1:3]), "tokens_finite": bool(torch.isfinite(grid).all()
                                                                   and (cls is None or torch.isfinite(cls).all())),
-            "autocast_img_per_s": round(images / autocast_s, 1), "fp32_img_per_s": round(images / fp32_s, 1),
-            "speedup_fp32_over_autocast": round(fp32_s / autocast_s, 2),
-            "peak_gpu_bytes": peak, "revision": encoder.revision[:20]}
+            "autocast_img_per_s": round(rates["autocast"]["img_per_s"], 1),
+            "fp32_img_per_s": round(rates["fp32"]["img_per_s"], 1),
+            "speedup_fp32_over_autocast": round(rates["speedup_fp32_over_autocast"], 2),
+            "peak_gpu_bytes": rates["autocast"]["peak_gpu_bytes"],
+            "fp32_peak_gpu_bytes": rates["fp32"]["peak_gpu_bytes"], "revision": encoder.revision[:20]}
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ BENCHMARKS = PROJECT_ROOT / "benchmarks"
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
 WRITERS = ("bench_executor.py", "bench_extract.py", "bench_fetch_ingest.py", "bench_probe.py", "bench_robustness.py",
-           "bench_scale.py", "bench_slide_read.py", "bench_encoder_gpu.py")
+           "bench_scale.py", "bench_slide_read.py", "bench_encoder_gpu.py", "gpu/run.py")
 
 
 @pytest.fixture(scope="module")

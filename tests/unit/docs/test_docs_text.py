@@ -14,6 +14,7 @@ README = PROJECT_ROOT / "README.md"
 MAX_README_LINES = 200
 MAX_README_LINE_CHARS = 120
 DOCS = sorted([README, *(PROJECT_ROOT / "docs").rglob("*.md"), PROJECT_ROOT / "benchmarks" / "README.md",
+               PROJECT_ROOT / "benchmarks" / "gpu" / "README.md",
                PROJECT_ROOT / "src" / "cellpath" / "data" / "published" / "README.md"])
 FORBIDDEN = {
     "a working period instead of a date and commit": re.compile(r"session [0-9]|issue #?[0-9]", re.IGNORECASE),
