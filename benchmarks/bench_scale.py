@@ -341,7 +341,7 @@ def _extract_costs() -> ExtractCosts:
 
 def estimate(results: dict, model: CostModel) -> dict:
     """The cost model's estimate beside every measurement, and their ratio (estimate ÷ measured)."""
-    from cellpath.probing.fit import design_row_bytes
+    from cellpath.runtime.costs import calibrated_row_bytes
     from cellpath.runtime.costs import probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes, robustness_seconds
 
     costs = model.costs("cpu")
@@ -354,12 +354,12 @@ def estimate(results: dict, model: CostModel) -> dict:
                 continue
             seconds = sum(probe_fit_seconds(costs.probe, n_train=int(r["n_train"]), n_val=int(r["n_val"]),
                                             n_test=int(r["n_test"]), width=results["width"],
-                                            row_bytes=design_row_bytes(results["width"], int(r["n_classes"])),
+                                            row_bytes=calibrated_row_bytes(results["width"], int(r["n_classes"])),
                                             iterations=r["lbfgs_iterations"],
                                             budget_mb=budget) for r in record["per_run"])
             largest = max(record["per_run"], key=lambda r: r["n_train"])
             heap = probe_heap_bytes(costs.probe, entry["n_cells"], budget, n_train=int(largest["n_train"]),
-                                    row_bytes=design_row_bytes(results["width"], int(largest["n_classes"]))) / 1024**2
+                                    row_bytes=calibrated_row_bytes(results["width"], int(largest["n_classes"]))) / 1024**2
             rows.append({"stage": "probe", "mode": mode, "n_cells": entry["n_cells"], "measured_s": record["wall_s"],
                          "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
                          "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,

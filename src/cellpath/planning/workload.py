@@ -21,9 +21,9 @@ from cellpath.features.store import artifact_dir, read_sidecar
 from cellpath.features.tiling import place_section_cells
 from cellpath.io.layout import features_dir, section_index_csv
 from cellpath.io.sections import read_section_obs, sections_to_extract
-from cellpath.probing.fit import design_row_bytes
 from cellpath.probing.plan import count_runs, plan_runs, split_sizes
-from cellpath.runtime.costs import ExtractCosts, extract_patches, feature_bytes, parameter_count
+from cellpath.runtime.costs import (ExtractCosts, calibrated_row_bytes, extract_patches, feature_bytes,
+                                    parameter_count)
 from cellpath.runtime.planning import ExtractJob
 from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATION_MPP
 
@@ -193,7 +193,7 @@ def probe_workload(params: Params, encoders: list[EncoderSpec], magnifications: 
                         key = (spec.slug, readout_width(spec.embed_dim, readout), *task)
                         shapes[key] = shapes.get(key, 0) + len(magnifications)
     return [{"encoder": key[0], "width": key[1], "n_train": key[2], "n_val": key[3], "n_test": key[4],
-             "n_classes": key[5], "row_bytes": design_row_bytes(key[1], key[5]), "runs": runs}
+             "n_classes": key[5], "row_bytes": calibrated_row_bytes(key[1], key[5]), "runs": runs}
             for key, runs in shapes.items()]
 
 

@@ -119,8 +119,7 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
     codes, names = class_codes(cells[taxonomy])
     active = [run for run in runs if run.task is not None]
     results = fit_tasks(x, codes, len(names), [run.task for run in active], c_grid=tuple(cfg.c_grid),
-                        max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb,
-                        solver=cfg.solver)
+                        max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb)
     by_run = {id(run): result for run, result in zip(active, results)}
     rows, errors = [], []
     for run in runs:

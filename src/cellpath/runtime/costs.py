@@ -147,9 +147,18 @@ def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
 
 # --- probe ------------------------------------------------------------------------------------------------------
 
+def calibrated_row_bytes(width: int, n_classes: int) -> int:
+    """Working bytes per training row of the solver the stored probe costs were measured with: the
+    per-fit scipy L-BFGS-B of ``bench_scale`` on 2026-12-03 (the float32 rows read, the float64 design
+    row and the logits, probabilities and residuals). The probe engine that replaced it
+    (docs/decisions/0038) holds ``probing.fit.design_row_bytes`` instead; the model moves to it when
+    ``bench_scale --calibrate`` measures the engine, so that modes and heaps match what was measured."""
+    return 4 * width + 8 * (width + 1) + 3 * 8 * n_classes
+
+
 def probe_mode(n_train: int, row_bytes: int, budget_mb: float) -> str:
-    """``in_memory`` when the task's design fits ``budget_mb`` (as ``fit_tasks`` decides), else ``streamed``;
-    ``row_bytes``: a training row's working bytes (``probing.fit.design_row_bytes``)."""
+    """``in_memory`` when the task's design fits ``budget_mb``, else ``streamed``; ``row_bytes``: a
+    training row's working bytes (:func:`calibrated_row_bytes`)."""
     chunk_rows = max(1, int(budget_mb * 1024**2) // row_bytes)
     return "in_memory" if n_train <= chunk_rows else "streamed"
 

@@ -1,4 +1,4 @@
-"""The probe (both solvers) against scikit-learn's LogisticRegression on small seeded data."""
+"""The probe engine against scikit-learn's LogisticRegression on small seeded data."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.preprocessing import StandardScaler
 
-from cellpath.probing.fit import DEFAULT_C_GRID, fit_logistic_scipy, fit_tasks, resolve_solver
+from cellpath.probing.fit import DEFAULT_C_GRID, fit_tasks
 from helpers.probes import fit_logistic_path, fit_one
 
 
@@ -43,32 +43,68 @@ def test_same_macro_f1_as_sklearn_within_half_a_point(seed):
 
 
 def test_weights_match_sklearn_coefficients():
-    import torch
-
     x, y = _data(5, 800, k=3, d=6)
     x = StandardScaler().fit_transform(x)
-    fit = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 3, (0.1, 1.0), tol=1e-9)
-    assert bool(fit.converged.all()) and float(fit.grad_max.max()) <= 1e-8  # or stopped on ftol, as scipy
+    fit = fit_logistic_path(x, y, 3, (0.1, 1.0), tol=1e-7)
+    assert bool(fit.converged.all())
     for i, c in enumerate((0.1, 1.0)):
         model = LogisticRegression(C=c, max_iter=10000, tol=1e-10).fit(x, y)
         ours = fit.weights[0, i].numpy()
         # Softmax weights are identified up to a per-feature constant across classes: centre both.
         ours_centred = ours - ours.mean(axis=1, keepdims=True)
         theirs = np.vstack([model.coef_.T, model.intercept_[None]])
-        np.testing.assert_allclose(ours_centred, theirs - theirs.mean(axis=1, keepdims=True), atol=1e-6)
+        np.testing.assert_allclose(ours_centred, theirs - theirs.mean(axis=1, keepdims=True), atol=2e-5)
+
+
+def test_correlated_features_reach_sklearns_optimum():
+    """Features that share a few strong directions (as foundation-model embeddings do: XᵀX/n with a
+    condition number near 10⁶) are where the preconditioner acts; the optimum is scikit-learn's."""
+    rng = np.random.default_rng(8)
+    y = rng.integers(0, 4, 1500)
+    mixing = rng.normal(size=(5, 40)) * 30.0
+    x = (rng.normal(size=(1500, 5)) @ mixing + rng.normal(size=(1500, 40)) * 0.05
+         + np.eye(4)[y] @ rng.normal(size=(4, 40))).astype(np.float32)
+    x = StandardScaler().fit_transform(x)
+    fit = fit_logistic_path(x, y, 4, (0.01, 1.0), tol=1e-7)
+    assert bool(fit.converged.all())
+    for i, c in enumerate((0.01, 1.0)):
+        model = LogisticRegression(C=c, max_iter=20000, tol=1e-10).fit(x, y)
+        ours, theirs = fit.weights[0, i].numpy(), np.vstack([model.coef_.T, model.intercept_[None]])
+        logits_ours, logits_theirs = x @ ours[:-1] + ours[-1], x @ theirs[:-1] + theirs[-1]
+        np.testing.assert_allclose(logits_ours - logits_ours.mean(axis=1, keepdims=True),
+                                   logits_theirs - logits_theirs.mean(axis=1, keepdims=True), atol=1e-3)
+
+
+def test_the_preconditioner_finds_the_leading_eigenpairs():
+    import torch
+
+    from cellpath.probing.engine import RANK, Design, preconditioner
+    from cellpath.probing.fit import InMemoryRows, standardiser
+
+    rng = np.random.default_rng(9)
+    x = (rng.normal(size=(3000, 8)) @ (rng.normal(size=(8, 120)) * np.linspace(10, 1, 8)[:, None])
+         + rng.normal(size=(3000, 120))).astype(np.float32)
+    rows = np.arange(3000)
+    design = Design(InMemoryRows(x), [rows], [standardiser(x)], chunk_rows=10**6, device="cpu")
+    found = preconditioner(design, n_classes=4)
+    standardised = design.held[0, :, :-1].double().numpy()
+    exact = np.linalg.eigvalsh(standardised.T @ standardised / 3000)[::-1]
+    np.testing.assert_allclose(found.top[0].numpy()[::-1][:8], exact[:8], rtol=1e-4)
+    assert float(found.rest[0]) == pytest.approx(exact[RANK:].mean(), rel=0.15)  # the tail: an estimate
+    basis = found.basis[0].numpy()
+    np.testing.assert_allclose(basis.T @ basis, np.eye(RANK), atol=1e-6)  # a float32 subspace, rotated in float64
+    assert found.curvature == 0.5 / 4 and torch.is_tensor(found.top)
 
 
 def test_every_fit_records_its_iterations_and_convergence():
-    import torch
-
     x, y = _data(6, 500, k=4, d=10)
     x = StandardScaler().fit_transform(x)
-    fit = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 4, (0.01, 10.0), tol=1e-6)
-    assert fit.converged.all() and (fit.grad_max <= 1e-6).all()
+    fit = fit_logistic_path(x, y, 4, (0.01, 10.0), tol=1e-6)
+    assert fit.converged.all()
     assert fit.iterations[0, 0] < fit.iterations[0, 1]  # weak regularisation takes longer
-    capped = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 4, (0.01, 10.0), tol=1e-6, max_iter=3)
+    capped = fit_logistic_path(x, y, 4, (0.01, 10.0), tol=1e-6, max_iter=3)
     assert capped.iterations.tolist() == [[3, 3]] and not capped.converged.any()
-    result = fit_one(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3, solver="torch")
+    result = fit_one(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3)
     assert result.iterations == 3 and result.converged is False
 
 
@@ -123,7 +159,7 @@ def test_metrics_golden_values():
     assert average_precision(positive, score) == pytest.approx(1 / 3 * 1 + 1 / 3 * 0.5 + 1 / 3 * 0.6)
 
 
-# --- batches: a task's result does not depend on the tasks fitted with it --------------------------
+# --- groups: a task's result does not depend on the tasks fitted with it -----------------------------
 def _tasks(y: np.ndarray, sizes, class_sets, seed: int = 0):
     from cellpath.probing.fit import ProbeTask
 
@@ -136,155 +172,93 @@ def _tasks(y: np.ndarray, sizes, class_sets, seed: int = 0):
     return tasks
 
 
-def test_a_task_scores_the_same_alone_and_in_two_different_batches():
+def test_a_task_scores_the_same_alone_and_in_two_different_groups():
+    """Alone, beside tasks of its size (padded into one batched product) and in other company, a task's
+    fits differ only by float32 rounding: the same C, predictions and scores within 1e-3."""
     x, y = _data(11, 4000, k=5, d=24)
-    tasks = _tasks(y, (400, 450, 480, 500, 1200), ([0, 1, 2, 3, 4], [1, 3], [0, 2, 4], [0, 1, 2, 3, 4], [2, 3, 4]))
-    alone = [fit_tasks(x, y, 5, [task], solver="torch")[0] for task in tasks]
-    together = fit_tasks(x, y, 5, tasks, solver="torch")  # padded to 500 rows beside tasks of other classes
-    reversed_ = fit_tasks(x, y, 5, tasks[::-2], solver="torch")[::-1]  # tasks 4, 2, 0: other company, padding
-    for a, b in [*zip(alone, together), *zip(alone[::2], reversed_)]:
-        assert (a.chosen_c, a.iterations, a.converged) == (b.chosen_c, b.iterations, True)
+    tasks = _tasks(y, (400, 450, 480, 500, 1200, 470), ([0, 1, 2, 3, 4], [1, 3], [0, 2, 4], [0, 1, 2, 3, 4],
+                                                        [2, 3, 4], [0, 1, 3]))
+    alone = [fit_tasks(x, y, 5, [task])[0] for task in tasks]
+    together = fit_tasks(x, y, 5, tasks)  # tasks 2 and 5 (three classes, 480 and 470 rows) share products
+    reversed_ = fit_tasks(x, y, 5, tasks[::-2])[::-1]  # tasks 5, 3, 1
+    for a, b in [*zip(alone, together), *zip(alone[1::2], reversed_)]:
+        assert a.chosen_c == b.chosen_c and a.converged and b.converged
+        assert (a.test_pred != b.test_pred).mean() <= 0.002
         for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
-            assert abs(getattr(a, metric) - getattr(b, metric)) <= 1e-6
+            assert abs(getattr(a, metric) - getattr(b, metric)) <= 1e-3
     for result, task in zip(together, tasks):
         assert set(np.unique(result.test_pred)) <= set(task.classes)  # never predicts an unscored class
 
 
-def test_batch_weights_equal_single_fits():
-    import torch
+def test_groups_respect_classes_memory_and_padding():
+    from cellpath.probing.fit import ProbeTask, task_groups
 
-    from cellpath.probing.fit import fit_logistic_batch
-
-    x, y = _data(12, 700, k=4, d=12)
-    x = StandardScaler().fit_transform(x)
-    sizes, masks = (700, 520), ([True] * 4, [True, False, True, True])
-    design = torch.zeros(2, 700, 13, dtype=torch.float64)
-    labels = torch.zeros(2, 700, dtype=torch.int64)
-    weight = torch.zeros(2, 700, dtype=torch.float64)
-    singles = []
-    for b, (n, mask) in enumerate(zip(sizes, masks)):
-        keep = np.flatnonzero(np.isin(y, np.flatnonzero(mask)))[:n]
-        rows = torch.cat([torch.from_numpy(x[keep]), torch.ones(len(keep), 1, dtype=torch.float64)], dim=1)
-        design[b, :len(keep)], labels[b, :len(keep)] = rows, torch.from_numpy(y[keep])
-        weight[b, :len(keep)] = 1.0 / len(keep)
-        singles.append(fit_logistic_batch(rows[None], torch.from_numpy(y[keep])[None],
-                                          weight[b:b + 1, :len(keep)], torch.tensor([mask]), (0.1, 10.0)))
-    batch = fit_logistic_batch(design, labels, weight, torch.tensor(masks), (0.1, 10.0))
-    for b, single in enumerate(singles):
-        torch.testing.assert_close(batch.weights[b], single.weights[0], atol=1e-9, rtol=0)
-        assert batch.iterations[b].tolist() == single.iterations[0].tolist()
+    sizes = [100, 110, 120, 400, 420, 2000, 105]
+    classes = [2, 2, 2, 2, 2, 2, 3]
+    tasks = [ProbeTask(np.arange(n), np.arange(1), np.arange(1), np.arange(k)) for n, k in zip(sizes, classes)]
+    groups = task_groups(tasks, row_bytes=80, budget_bytes=10**9)
+    assert [[sizes[i] for i in g] for g in groups] == [[100, 110, 120], [400, 420], [2000], [105]]
+    small_budget = task_groups(tasks, row_bytes=80, budget_bytes=2 * 120 * 80)
+    assert [[sizes[i] for i in g] for g in small_budget] == [[100, 110], [120], [400], [420], [2000], [105]]
+    assert task_groups(tasks[::-1], row_bytes=80, budget_bytes=10**9) == [[6 - i for i in g] for g in groups]
 
 
-def test_batches_respect_memory_and_padding():
-    from cellpath.probing.fit import ProbeTask, _batches
-
-    sizes = [100, 110, 120, 400, 420, 2000]
-    tasks = [ProbeTask(np.arange(n), np.arange(1), np.arange(1), np.arange(2)) for n in sizes]
-    groups = _batches(tasks, row_bytes=80, task_bytes=1000, budget_bytes=10**9)
-    assert [[sizes[i] for i in g] for g in groups] == [[100, 110, 120], [400, 420], [2000]]
-    small_budget = _batches(tasks, row_bytes=80, task_bytes=1000, budget_bytes=2 * (120 * 80 + 1000))
-    assert [[sizes[i] for i in g] for g in small_budget] == [[100, 110], [120], [400], [420], [2000]]
-
-
-def _design(x):
-    return np.concatenate([x, np.ones((len(x), 1))], axis=1)
-
-
-@pytest.mark.parametrize("solver", ["scipy", "torch"])
-def test_two_class_fits_are_scikit_learns_binary_model(solver):
+def test_two_class_fits_are_scikit_learns_binary_model():
     """scikit-learn fits one vector v with ||v||²/(2C) for two classes; the probe's two columns must give
     the same logit difference (a two-column softmax penalised as for K > 2 is scikit-learn's model at 2C)."""
-    import torch
-
     x, y = _data(7, 600, k=2, d=8, separation=0.8)
     x = StandardScaler().fit_transform(x)
     for c in (0.05, 1.0):
-        if solver == "scipy":
-            w = fit_logistic_scipy(_design(x), y, 2, (c,), tol=1e-10)[0][0]
-        else:
-            w = fit_logistic_path(torch.from_numpy(x), torch.from_numpy(y), 2, (c,), tol=1e-10).weights[0, 0].numpy()
+        w = fit_logistic_path(x, y, 2, (c,), tol=1e-8).weights[0, 0].numpy()
         model = LogisticRegression(C=c, tol=1e-10, max_iter=10000).fit(x, y)
-        np.testing.assert_allclose(w[:-1, 1] - w[:-1, 0], model.coef_[0], atol=1e-6)
-        np.testing.assert_allclose(w[-1, 1] - w[-1, 0], model.intercept_[0], atol=1e-6)
-
-
-def test_scipy_weights_match_sklearn_coefficients():
-    x, y = _data(5, 800, k=3, d=6)
-    x = StandardScaler().fit_transform(x)
-    weights, iterations, converged = fit_logistic_scipy(_design(x), y, 3, (0.1, 1.0), tol=1e-10)
-    assert converged.all() and (iterations > 0).all()
-    for i, c in enumerate((0.1, 1.0)):
-        theirs = LogisticRegression(C=c, max_iter=10000, tol=1e-10).fit(x, y)
-        theirs = np.vstack([theirs.coef_.T, theirs.intercept_[None]])
-        ours = weights[i]
-        np.testing.assert_allclose(ours - ours.mean(axis=1, keepdims=True),
-                                   theirs - theirs.mean(axis=1, keepdims=True), atol=1e-6)
-
-
-def test_the_two_solvers_give_the_same_runs():
-    x, y = _data(13, 3000, k=5, d=16)
-    tasks = _tasks(y, (400, 600, 900), ([0, 1, 2, 3, 4], [1, 3], [0, 2, 4]))
-    scipy_runs = fit_tasks(x, y, 5, tasks, solver="scipy", tol=1e-10)
-    torch_runs = fit_tasks(x, y, 5, tasks, solver="torch", tol=1e-10)
-    for a, b in zip(scipy_runs, torch_runs):
-        assert a.chosen_c == b.chosen_c and a.converged and b.converged
-        assert (a.test_pred == b.test_pred).all()
-        for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
-            assert abs(getattr(a, metric) - getattr(b, metric)) <= 1e-6
-
-
-def test_scipy_fits_record_iterations_and_the_limit():
-    x, y = _data(6, 500, k=4, d=10)
-    x = StandardScaler().fit_transform(x)
-    _, iterations, converged = fit_logistic_scipy(_design(x), y, 4, (0.01, 10.0), tol=1e-6)
-    assert converged.all() and iterations[0] < iterations[1]
-    _, capped, capped_converged = fit_logistic_scipy(_design(x), y, 4, (0.01, 10.0), tol=1e-6, max_iter=3)
-    assert capped.tolist() == [3, 3] and not capped_converged.any()
-    result = fit_one(x[:400], y[:400], x[400:], y[400:], x[400:], y[400:], 4, max_iter=3, solver="scipy")
-    assert result.iterations == 3 and result.converged is False
-
-
-def test_solver_choice():
-    assert resolve_solver("auto", "cpu") == "scipy" and resolve_solver("auto", "cuda") == "torch"
-    assert resolve_solver("torch", "cpu") == "torch"
-    with pytest.raises(ValueError, match="probe solver 'newton'"):
-        resolve_solver("newton", "cpu")
+        np.testing.assert_allclose(w[:-1, 1] - w[:-1, 0], model.coef_[0], atol=2e-5)
+        np.testing.assert_allclose(w[-1, 1] - w[-1, 0], model.intercept_[0], atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------
-# Streaming: a training set larger than the memory budget is read in chunks at every evaluation
+# Streaming: a training set larger than the memory budget is read in chunks at every product
 
 
-def test_the_streamed_objective_is_the_in_memory_one():
-    from cellpath.probing.fit import (InMemoryRows, _design, _StreamedTaskObjective, _TaskObjective, standardiser,
-                                      streamed_standardiser)
-
-    x, y = _data(20, 1000, k=4, d=12)
-    rows = np.sort(np.random.default_rng(0).permutation(1000)[:700])
-    source = InMemoryRows(x)
-    scaler = standardiser(x[rows])
-    np.testing.assert_allclose(streamed_standardiser(source, rows, 64), scaler, rtol=1e-12)
-    whole = _TaskObjective(_design(x[rows], scaler), y[rows], 4, c=0.1)
-    chunked = _StreamedTaskObjective(source, rows, y[rows], scaler, 4, c=0.1, chunk_rows=64)  # 11 chunks
-    weights = np.random.default_rng(1).normal(size=13 * 4)
-    (value, grad), (value_chunked, grad_chunked) = whole(weights), chunked(weights)
-    assert value_chunked == pytest.approx(value, rel=1e-13)
-    np.testing.assert_allclose(grad_chunked, grad, rtol=1e-11, atol=1e-14)
-
-
-@pytest.mark.parametrize("solver", ["scipy", "torch"])
-def test_a_streamed_fit_equals_the_in_memory_fit(solver):
+def test_a_streamed_fit_equals_the_in_memory_fit():
     from cellpath.probing.fit import design_row_bytes
 
     x, y = _data(21, 4000, k=4, d=24)
     tasks = _tasks(y, (2500,), ([0, 1, 2, 3],))
-    in_memory = fit_tasks(x, y, 4, tasks, solver=solver, tol=1e-10)[0]
-    budget_mb = 100 * design_row_bytes(24, 4) / 1024**2  # 100-row chunks: the 2,500 training rows in 25
-    streamed = fit_tasks(x, y, 4, tasks, solver=solver, tol=1e-10, batch_memory_mb=budget_mb)[0]
+    in_memory = fit_tasks(x, y, 4, tasks, tol=1e-7)[0]
+    budget_mb = 100 * design_row_bytes(24, 4 * len(DEFAULT_C_GRID)) / 1024**2  # 100-row chunks: 25 of them
+    streamed = fit_tasks(x, y, 4, tasks, tol=1e-7, batch_memory_mb=budget_mb)[0]
     assert in_memory.converged and streamed.converged and in_memory.chosen_c == streamed.chosen_c
     assert (in_memory.test_pred == streamed.test_pred).all()
     for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
-        assert abs(getattr(in_memory, metric) - getattr(streamed, metric)) <= 1e-9
+        assert abs(getattr(in_memory, metric) - getattr(streamed, metric)) <= 1e-6
+
+
+def test_a_task_is_held_exactly_while_its_rows_fit_the_budget():
+    """A task of n training rows is held when n ≤ budget ÷ design_row_bytes(D, Cs × classes), else streamed:
+    a streamed fit reads its training rows more than once (counted by the row source)."""
+    from cellpath.probing.fit import ProbeTask, design_row_bytes
+
+    width, n_classes = 16, 3
+    budget_mb = 200 * design_row_bytes(width, n_classes) / 1024**2  # one C: exactly 200 rows held
+    x, y = _data(23, 400, k=n_classes, d=width)
+
+    class Counting:
+        width = 16
+
+        def __init__(self):
+            self.rows_read = 0
+
+        def take(self, rows):
+            self.rows_read += len(rows)
+            return x[rows]
+
+    for n_train, held in ((200, True), (201, False)):
+        source = Counting()
+        task = ProbeTask(train=np.arange(n_train), val=np.arange(300, 350), test=np.arange(350, 400),
+                         classes=np.arange(n_classes))
+        fit_tasks(source, y, n_classes, [task], c_grid=(1.0,), max_iter=5, batch_memory_mb=budget_mb)
+        train_reads = source.rows_read - 100  # validation and test rows are read once each
+        assert (train_reads == 2 * n_train) == held  # held: the scaler's read and the design's
 
 
 def test_streaming_bounds_the_memory_of_a_fit():
@@ -294,15 +268,15 @@ def test_streaming_bounds_the_memory_of_a_fit():
 
     x, y = _data(22, 24000, k=3, d=64)
     tasks = _tasks(y, (20000,), ([0, 1, 2],))
-    design_bytes = 20000 * 65 * 8
+    design_bytes = 20000 * 65 * 4
 
     def peak(budget_mb: float) -> int:
         tracemalloc.start()
-        fit_tasks(x, y, 3, tasks, solver="scipy", c_grid=(1.0,), tol=1e-6, batch_memory_mb=budget_mb)
+        fit_tasks(x, y, 3, tasks, c_grid=(1.0,), tol=1e-6, batch_memory_mb=budget_mb)
         peak_bytes = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         return peak_bytes
 
     budget_mb = 500 * design_row_bytes(64, 3) / 1024**2
-    assert peak(64) > design_bytes  # in memory: the (20,000 × 65) float64 design and more
-    assert peak(budget_mb) < design_bytes / 4  # streamed: chunks of 500 rows (~0.3 MB each)
+    assert peak(64) > design_bytes  # in memory: the (20,000 × 65) float32 design and more
+    assert peak(budget_mb) < design_bytes / 3  # streamed: chunks of 500 rows (~0.1 MB each), labels, weights

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from cellpath.errors import ConfigError
-from cellpath.probing.fit import ProbeTask, design_row_bytes, fit_tasks
+from cellpath.runtime.costs import calibrated_row_bytes
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
                                     extract_patches, extract_seconds, feature_bytes, load_costs, parameter_count,
-                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, probe_mode, robustness_heap_bytes,
+                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes,
                                     robustness_seconds, save_costs, workers_needed)
 from helpers.project import PROJECT_ROOT
 
@@ -26,7 +25,7 @@ ROBUSTNESS = RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_ancho
 
 def test_probe_fit_seconds_golden():
     # in memory: 1,281 columns × (1,000 rows × 30 iterations × 1 ns + 1,500 rows read × 2 ns)
-    row_bytes = design_row_bytes(1_280, 9)
+    row_bytes = calibrated_row_bytes(1_280, 9)
     seconds = probe_fit_seconds(PROBE, n_train=1_000, n_val=200, n_test=300, width=1_280, row_bytes=row_bytes,
                                 iterations=30, budget_mb=512)
     assert seconds == pytest.approx(1_281 * (1_000 * 30 * 1e-9 + 1_500 * 2e-9))
@@ -40,35 +39,6 @@ def test_probe_fit_seconds_golden():
     row = 4 * 1_280 + 8 * 1_281 + 24 * 9
     assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=1_000, row_bytes=row_bytes) \
         == pytest.approx(5e8 + 7e8 + 1_000 * row)
-
-
-def test_probe_mode_is_the_choice_fit_tasks_makes():
-    """At the budget boundary the model's mode and the probe's own in-memory/streamed choice agree:
-    a streamed fit of the same task reads its rows more than once (counted by the row source)."""
-    width, n_classes = 16, 3
-    budget_mb = 200 * design_row_bytes(width, n_classes) / 1024**2  # exactly 200 rows in memory
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, width)).astype(np.float32)
-    y = rng.integers(0, n_classes, 400)
-
-    class Counting:
-        width = 16
-
-        def __init__(self):
-            self.rows_read = 0
-
-        def take(self, rows):
-            self.rows_read += len(rows)
-            return x[rows]
-
-    for n_train, expected in ((200, "in_memory"), (201, "streamed")):
-        assert probe_mode(n_train, design_row_bytes(width, n_classes), budget_mb) == expected
-        source = Counting()
-        task = ProbeTask(train=np.arange(n_train), val=np.arange(300, 350), test=np.arange(350, 400),
-                         classes=np.arange(n_classes))
-        fit_tasks(source, y, n_classes, [task], c_grid=(1.0,), max_iter=5, batch_memory_mb=budget_mb)
-        train_reads = source.rows_read - 100  # validation and test rows are read once each
-        assert (train_reads == n_train) == (expected == "in_memory")
 
 
 def test_robustness_is_quadratic_to_the_threshold_then_anchors_times_n():
