@@ -86,6 +86,9 @@ def extract_entry(record: dict, name: str, model: CostModel) -> dict:
 def probe_entry(record: dict, name: str, model: CostModel) -> dict:
     """``devices.cuda.probe`` from part (c)'s result (``gpu.probe_part`` says what it holds)."""
     result, cpu = record["parts"]["probe"]["result"], model.costs("cpu").probe
+    equality = result.get("equality") or {}
+    if not equality.get("agrees"):
+        raise MergeError(f"part c's fits on the device differ from the CPU's (or were not compared): {equality}")
     for key in ("seconds_per_iteration", "seconds_per_pass"):
         missing = [mode for mode in PROBE_MODES if mode not in (result.get(key) or {})]
         if missing:

@@ -6,7 +6,7 @@
 Parts (each a module with ``measure(device, sizes, budget_s) -> dict``): (a) ``encoders``, forward
 rates of a ViT-S, a ViT-L and a ViT-g at the registry's precision against fp32; (b) ``extraction``,
 the delivered patch rate of a slide read ahead on the CPU cores into the ViT-L; (c) ``probe``, the
-probe engine on the device (``gpu.probe_part``, written separately); (d) ``robustness``, the exact
+probe engine on the device (``gpu.probe_part``); (d) ``robustness``, the exact
 k-NN and margins on the device against the CPU's, and the time per pair. Each part runs guarded: an
 exception, or running past its budget by ``GRACE_S`` (an alarm), is recorded as the part's
 ``status`` with its text, and the next part runs. ``--total-s`` caps the sum: a part gets at most
@@ -66,7 +66,7 @@ def sizes_for(preset: str, cpus: int) -> dict:
                            "workers": sorted({1, max(1, cpus // 4), max(1, cpus - 2)}),
                            "seconds_per_config": 10.0, "depth": None},
             "probe": {"n_cells": 100_000, "width": 1_280, "n_classes": 20, "max_iter": [3, 9],
-                      "budget_mb": {"streamed": 512, "in_memory": 16_384}},
+                      "budget_mb": {"streamed": 512, "in_memory": 16_384}, "floor_rows": [1_000_000]},
             "robustness": {"width": 1_280, "n_types": 20, "n_sections": 25, "cells_per_group": 8, "k": 91, "m": 5,
                            "compare_cells": 200_000, "compare_anchors": 512, "full_cells": 100_000,
                            "anchor_cells": 1_000_000, "anchors": 20_000, "candidate_block": 65_536,

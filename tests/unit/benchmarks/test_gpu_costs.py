@@ -25,7 +25,8 @@ READ_PER_S = 1_500.0  # part (b)'s best read rate: a floor of 1/1,500 s per 224-
 FORWARD = {"Kaiko ViT-S/16": ("fp32", 8.274, 2_000.0, 2_000.0), "UNI": ("bf16", 119.776, 1_000.0, 200.0),
            "H-Optimus-0": ("fp16", 574.2, 250.0, 40.0)}  # precision, GFLOP per patch, autocast and fp32 img/s
 PROBE = {"seconds_per_iteration": {"in_memory": 2e-11, "streamed": 5e-11},
-         "seconds_per_pass": {"in_memory": 1e-10, "streamed": 3e-10}, "source": "synthetic probe part"}
+         "seconds_per_pass": {"in_memory": 1e-10, "streamed": 3e-10}, "source": "synthetic probe part",
+         "equality": {"tasks": 3, "chosen_c_equal": True, "max_macro_f1_difference_points": 0.0, "agrees": True}}
 PAIR_FULL, PAIR_ANCHOR = 1e-13, 2e-13
 
 
@@ -108,7 +109,7 @@ def test_a_part_that_failed_keeps_what_the_file_has_and_bad_runs_are_refused(mer
     merge.merge(_write(tmp_path, _record()), costs)
     first = json.loads(costs.read_text())["devices"]["cuda"]
     later = _record()
-    later["parts"]["probe"] = {"status": "error", "error": "NotImplementedError: probe part: not written yet"}
+    later["parts"]["probe"] = {"status": "error", "error": "RuntimeError: CUDA error: out of memory"}
     later["parts"]["encoders"]["result"]["models"][1]["autocast"]["img_per_s"] = 500.0
     notes = merge.merge(_write(tmp_path, later, "later.json"), costs)
     assert "probe: part probe error; kept the file's" in notes
@@ -118,6 +119,7 @@ def test_a_part_that_failed_keeps_what_the_file_has_and_bad_runs_are_refused(mer
     refusals = {"a dry run": lambda r: r.update(preset="tiny"),
                 "not a CUDA device": lambda r: r.update(device="cpu"),
                 "differs from the CPU": lambda r: r["parts"]["robustness"]["result"]["compare"].update(agrees=False),
+                "fits on the device differ": lambda r: r["parts"]["probe"]["result"]["equality"].update(agrees=False),
                 "no seconds_per_pass for streamed": lambda r: r["parts"]["probe"]["result"]["seconds_per_pass"].pop(
                     "streamed")}
     for message, change in refusals.items():

@@ -14,12 +14,7 @@ from helpers.benchmark_scripts import BENCHMARKS, blocking_prelude, load_benchma
 from helpers.project import PROJECT_ROOT
 
 GPU = BENCHMARKS / "gpu"
-PLACEHOLDER = 'raise NotImplementedError("probe part: not written yet")'
 PROBE_MODES = ("in_memory", "streamed")
-
-
-def _probe_part_is_the_placeholder() -> bool:
-    return PLACEHOLDER in (GPU / "probe_part.py").read_text(encoding="utf-8")
 
 
 def _environment(tmp_path) -> dict:
@@ -28,14 +23,14 @@ def _environment(tmp_path) -> dict:
 
 
 def _check_probe(part: dict) -> None:
-    """Part (c): the placeholder's error until the probe part is written; then a result the merge can use."""
-    if _probe_part_is_the_placeholder():
-        assert part["status"] == "error" and part["error"] == "NotImplementedError: probe part: not written yet"
-        return
-    assert part["status"] == "ok", part.get("error")
+    """Part (c): a result the merge can use, the floor measured, the device's fits equal to the CPU's."""
+    assert part["status"] == "ok", (part.get("error"), part.get("traceback"))
     for key in ("seconds_per_iteration", "seconds_per_pass"):
         assert set(PROBE_MODES) <= set(part["result"][key]) and all(
             v > 0 for v in part["result"][key].values()), key
+    floor = part["result"]["floor"][0]
+    assert floor["read_seconds"] > 0 and floor["iteration_seconds"] > 0 and floor["design_bytes"] > 0
+    assert part["result"]["equality"]["agrees"], part["result"]["equality"]
 
 
 def _check_parts(record: dict) -> None:
