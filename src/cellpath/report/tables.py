@@ -349,7 +349,7 @@ def display(table: pd.DataFrame, percent_pairs: bool = True, percent_columns: Co
         elif column.lower().endswith("wins"):
             out[column] = ["–" if pd.isna(v) else str(int(v)) for v in values]
         elif pd.api.types.is_bool_dtype(values):
-            out[column] = ["yes" if v else "" for v in values]
+            out[column] = ["yes" if pd.notna(v) and v else "" for v in values]  # NA: a skipped run
         elif pd.api.types.is_integer_dtype(values):
             out[column] = values.astype(str)
         elif pd.api.types.is_float_dtype(values):

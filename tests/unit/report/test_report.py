@@ -407,3 +407,13 @@ def test_a_run_that_is_not_comparable_is_shown_beside_the_paper_and_never_ranked
         assert not ours or not [c for c in cells[0] if "rank" in c.lower()], name
     # the reproduction check needs the paper's configuration: its table says why it is empty
     assert "the run is not the paper&#39;s configuration" in html or "the run is not the paper's configuration" in html
+
+
+def test_the_run_table_shows_skipped_runs():
+    from cellpath.report.tables import display, run_table
+
+    runs = constructed_runs().head(3).astype({"converged": "boolean", "lbfgs_iterations": "Int64"})
+    runs.loc[0, ["status", "chosen_c", "macro_f1", "n_train", "converged", "lbfgs_iterations"]] = \
+        ["skipped", None, None, None, pd.NA, pd.NA]
+    shown = display(run_table(runs), percent_pairs=False, percent_columns=())
+    assert list(shown["status"]).count("skipped") == 1 and "" in list(shown["converged"])
