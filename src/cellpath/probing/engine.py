@@ -72,11 +72,11 @@ def chunks(rows: np.ndarray, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]
         yield start, rows[start:start + chunk_rows]
 
 
-def design_block(raw: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """(n, D + 1) float32: rows standardised with ``scaler`` (in float64) and a ones column."""
+def design_block(raw: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], dtype: type = np.float32) -> np.ndarray:
+    """(n, D + 1) in ``dtype``: rows standardised with ``scaler`` (computed in float64) and a ones column."""
     mean, sd = scaler
-    out = np.empty((len(raw), len(mean) + 1), dtype=np.float32)
-    out[:, :-1] = (raw - mean) / sd
+    out = np.empty((len(raw), len(mean) + 1), dtype=dtype)
+    np.divide(np.subtract(raw, mean), sd, out=out[:, :-1], casting="same_kind")
     out[:, -1] = 1.0
     return out
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cellpath.probing.engine import (Design, GroupProblem, RowSource, binary_factor, chunks, fit_group)
+from cellpath.probing.engine import Design, GroupProblem, RowSource, binary_factor, chunks, design_block, fit_group
 from cellpath.probing.scores import macro_f1, macro_scores
 
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
@@ -201,23 +201,13 @@ def _scaler(source: RowSource, rows: np.ndarray, chunk_rows: int) -> tuple[np.nd
                                                                                                   chunk_rows)
 
 
-def _design(rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """(n, D + 1) float64: the standardised rows and a ones column (the intercept), for scoring."""
-    mean, sd = scaler
-    out = np.empty((len(rows), len(mean) + 1))
-    np.subtract(rows, mean, out=out[:, :-1])
-    out[:, :-1] /= sd
-    out[:, -1] = 1.0
-    return out
-
-
 def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],
                          weights: torch.Tensor, classes: np.ndarray, chunk_rows: int) -> np.ndarray:
     """(L, n, len(classes)) softmax over the task's classes for every candidate, read in chunks of rows."""
     columns = weights[:, :, torch.as_tensor(classes, device=weights.device)]
     parts = []
     for _, chunk in chunks(rows, chunk_rows):
-        design = torch.from_numpy(_design(source.take(chunk), scaler)).to(weights.device)
+        design = torch.from_numpy(design_block(source.take(chunk), scaler, np.float64)).to(weights.device)
         parts.append(torch.softmax(design @ columns, dim=-1).cpu().numpy())
     return np.concatenate(parts, axis=1) if parts else np.zeros((weights.shape[0], 0, len(classes)))
 
