@@ -173,7 +173,7 @@ def preconditioner(design: Design, n_classes: int) -> Preconditioner:
     projected = torch.bmm(x, basis).to(torch.float64)
     small = torch.bmm(projected.transpose(1, 2), projected) / counts[:, None, None]
     top, vectors = torch.linalg.eigh(small)
-    trace = (x.to(torch.float64) ** 2).sum(dim=(1, 2)) / counts
+    trace = torch.stack([part.square().sum(dtype=torch.float64) for part in x]) / counts  # a task at a time
     rest = ((trace - top.sum(dim=1)) / max(d - r, 1)).clamp(min=0.0)
     return Preconditioner(torch.bmm(basis.to(torch.float64), vectors), top.clamp(min=0.0), rest, 0.5 / n_classes)
 
