@@ -5,8 +5,10 @@ sections (the paper's S25), five organs, float16 Nuc and Mean at 20×, written u
 slug (D = 1,280, a ViT-H's width). The probe stage runs as the pipeline runs it
 (``cellpath.stages.probe.run``, one local worker, MLflow off) in a child process whose peak RSS is
 read from ``getrusage``. It runs LOOO (the largest training sets: every organ but one), Tfine, Nuc,
-one C, and ``--max-iter`` L-BFGS iterations. The fits are therefore capped and recorded as not
-converged: this measures memory and the cost per iteration, not the probe's scores.
+the default's C grid (fitted together by the engine), and ``--max-iter`` L-BFGS iterations. The fits
+are therefore capped and recorded as not converged: this measures memory and the cost per iteration,
+not the probe's scores. ``--budget-mb`` is small enough that the engine streams the training sets
+of every size (at 100,000 cells, 64,000 rows against a chunk of about 41,800).
 
 Baseline (at the sizes in ``--baseline-sizes``): the same stage with a budget large enough for every
 design to be built in memory, which is how the fits ran before they were streamed. The two runs alternate
@@ -27,7 +29,7 @@ model was not fitted on being the check of it.
 
 Usage: python benchmarks/bench_scale.py [--sizes 100000 300000] [--baseline-sizes 100000]
        [--robustness-sizes 50000 100000 300000 1000000] [--merge] [--calibrate]
-       [--budget-mb 512] [--max-iter 3] [--repeats 3] [--workdir <temp dir>/cellpath-scale]
+       [--budget-mb 256] [--max-iter 3] [--repeats 3] [--workdir <temp dir>/cellpath-scale]
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def stage_params(data_dir: Path, budget_mb: int, max_iter: int, panel: str, looo
     raw["probe"]["seeds"] = {**raw["probe"]["seeds"], "looo": looo_seeds}
     raw["extract"].update({"encoders": [SLUG], "magnifications": ["20x"],
                            "registry": str(ROOT / "models" / "encoders.yaml")})
-    raw["probe"].update({"readouts": ["Nuc"], "taxonomies": ["fine"], "c_grid": [1.0], "max_iter": max_iter,
+    raw["probe"].update({"readouts": ["Nuc"], "taxonomies": ["fine"], "max_iter": max_iter,
                          "max_train_cells": None, "batch_memory_mb": budget_mb, "magnifications": ["20x"]})
     raw["mlflow"] = {**raw.get("mlflow", {}), "enabled": False}
     raw["executor"] = {**raw.get("executor", {}), "backend": "local", "workers": 1}
@@ -260,16 +262,18 @@ def calibrate(results: dict) -> CostModel:
         passes = sum(a["n_train"] + a["n_val"] + a["n_test"] for a, _ in rows)
         iterated = sum(a["n_train"] * a["lbfgs_iterations"] for a, _ in rows) * columns * per_iteration[mode]
         per_pass[mode] = max((low["fit_seconds"] - iterated) / (columns * passes), 0.0)
-    heaps = sorted((e["n_cells"], e["peak_anon_rss_mb"]["median"] * 1024**2) for e in results["sizes"]
-                   if e["n_cells"] in results["heap_calibration_sizes"])
-    per_cell = (heaps[1][1] - heaps[0][1]) / (heaps[1][0] - heaps[0][0])  # both streamed: the fit holds the budget
-    base = heaps[0][1] - per_cell * heaps[0][0] - results["budget_mb"] * 1024**2
+    # the heap beyond the largest fit's working bytes, a line in the panel's cells
+    heaps = sorted((e["n_cells"], e["peak_anon_rss_mb"]["median"] * 1024**2 - _largest_fit_bytes(results, e))
+                   for e in results["sizes"] if e["n_cells"] in results["heap_calibration_sizes"])
+    per_cell = (heaps[1][1] - heaps[0][1]) / (heaps[1][0] - heaps[0][0])
+    base = heaps[0][1] - per_cell * heaps[0][0]
     iterations = _default_iterations()
     probe = ProbeCosts(seconds_per_iteration=per_iteration, seconds_per_pass=per_pass,
                        iterations_per_c=iterations["median"], iterations_range=(iterations["p25"], iterations["p75"]),
                        iterations_source=iterations["source"], heap_base_bytes=base, heap_bytes_per_cell=per_cell,
                        source=f"benchmarks/bench_scale.py at {entry['commit']}: n = {entry['n_cells']:,}, "
-                              f"max_iter {results['max_iter']} and {entry['calibration_max_iter']}; heap: the line through "
+                              f"{len(results['c_grid'])} Cs × 9 classes, max_iter {results['max_iter']} and "
+                              f"{entry['calibration_max_iter']}; heap: the line through "
                               f"n = {heaps[0][0]:,} and {heaps[1][0]:,}")
     robustness = None
     runs = sorted((r for r in results.get("robustness", []) if r["n_cells"] in results["robustness_calibration_sizes"]),
@@ -298,6 +302,23 @@ def calibrate(results: dict) -> CostModel:
                      devices={"cpu": DeviceCosts(probe=probe, robustness=robustness, extract=_extract_costs())})
 
 
+def _row_bytes(results: dict, n_classes: int) -> tuple[int, int]:
+    """A training row's working bytes and fit-state bytes in the engine at the run's C grid."""
+    from cellpath.probing.fit import design_row_bytes, state_row_bytes
+
+    columns = len(results["c_grid"]) * n_classes
+    return design_row_bytes(results["width"], columns), state_row_bytes(columns)
+
+
+def _largest_fit_bytes(results: dict, entry: dict) -> float:
+    """The working bytes of the largest fit of a size's streamed runs (``probe_fit_bytes``)."""
+    from cellpath.runtime.costs import probe_fit_bytes
+
+    largest = max(entry["streamed"][0]["per_run"], key=lambda r: r["n_train"])
+    row_bytes, state_bytes = _row_bytes(results, int(largest["n_classes"]))
+    return probe_fit_bytes(int(largest["n_train"]), row_bytes, state_bytes, results["budget_mb"])
+
+
 def _default_iterations() -> dict:
     """L-BFGS iterations per C to convergence on the default run's probe table (the simulated panel)."""
     import pandas as pd
@@ -310,7 +331,7 @@ def _default_iterations() -> dict:
     iterations = ok["lbfgs_iterations"].astype(float)
     return {"median": float(iterations.median()), "p25": float(iterations.quantile(0.25)),
             "p75": float(iterations.quantile(0.75)),
-            "source": f"{path.relative_to(ROOT)}: {len(ok)} converged fits of the default (simulated) panel, "
+            "source": f"{path.relative_to(ROOT)}: {len(ok)} converged runs of the default (simulated) panel, "
                       "the slowest C of each; real features may need more"}
 
 
@@ -341,7 +362,6 @@ def _extract_costs() -> ExtractCosts:
 
 def estimate(results: dict, model: CostModel) -> dict:
     """The cost model's estimate beside every measurement, and their ratio (estimate ÷ measured)."""
-    from cellpath.runtime.costs import calibrated_row_bytes
     from cellpath.runtime.costs import probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes, robustness_seconds
 
     costs = model.costs("cpu")
@@ -354,12 +374,13 @@ def estimate(results: dict, model: CostModel) -> dict:
                 continue
             seconds = sum(probe_fit_seconds(costs.probe, n_train=int(r["n_train"]), n_val=int(r["n_val"]),
                                             n_test=int(r["n_test"]), width=results["width"],
-                                            row_bytes=calibrated_row_bytes(results["width"], int(r["n_classes"])),
+                                            row_bytes=_row_bytes(results, int(r["n_classes"]))[0],
                                             iterations=r["lbfgs_iterations"],
                                             budget_mb=budget) for r in record["per_run"])
             largest = max(record["per_run"], key=lambda r: r["n_train"])
+            row_bytes, state_bytes = _row_bytes(results, int(largest["n_classes"]))
             heap = probe_heap_bytes(costs.probe, entry["n_cells"], budget, n_train=int(largest["n_train"]),
-                                    row_bytes=calibrated_row_bytes(results["width"], int(largest["n_classes"]))) / 1024**2
+                                    row_bytes=row_bytes, state_bytes=state_bytes) / 1024**2
             rows.append({"stage": "probe", "mode": mode, "n_cells": entry["n_cells"], "measured_s": record["wall_s"],
                          "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
                          "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,
@@ -390,7 +411,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 300_000, 1_000_000])
     parser.add_argument("--baseline-sizes", type=int, nargs="*", default=[100_000])
-    parser.add_argument("--budget-mb", type=int, default=512)
+    parser.add_argument("--budget-mb", type=int, default=256)
     parser.add_argument("--baseline-budget-mb", type=int, default=16_384)
     parser.add_argument("--max-iter", type=int, default=3)
     parser.add_argument("--calibration-size", type=int, default=100_000)
@@ -420,6 +441,7 @@ def main() -> None:
                                                  "memory_gb": round(os.sysconf("SC_PAGE_SIZE")
                                                                     * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)},
                "blas": blas(), "encoder": ENCODER, "width": args.width, "sections": N_SECTIONS,
+               "c_grid": yaml.safe_load((ROOT / "params.yaml").read_text())["probe"]["c_grid"],
                "budget_mb": args.budget_mb, "baseline_budget_mb": args.baseline_budget_mb, "max_iter": args.max_iter,
                "heap_calibration_sizes": args.heap_calibration_sizes,
                "robustness_calibration_sizes": args.robustness_calibration_sizes, "sizes": [], "robustness": []}

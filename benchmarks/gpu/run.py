@@ -55,7 +55,7 @@ def sizes_for(preset: str, cpus: int) -> dict:
                                "compression": "zlib", "batch": 4, "prefetch": 2, "workers": [1],
                                "seconds_per_config": 1.0, "depth": 1},
                 "probe": {"n_cells": 2_000, "width": 16, "n_classes": 4, "max_iter": [3, 9],
-                          "budget_mb": {"streamed": 1, "in_memory": 64}},
+                          "budget_mb": {"streamed": 0.5, "in_memory": 64}},  # 1,400 training rows, 814 a chunk
                 "robustness": {"width": 32, "n_types": 4, "n_sections": 3, "cells_per_group": 4, "k": 11, "m": 5,
                                "compare_cells": 1_500, "compare_anchors": 64, "full_cells": 800,
                                "anchor_cells": 3_000, "anchors": 100, "candidate_block": 512, "query_block": 256,
@@ -65,8 +65,9 @@ def sizes_for(preset: str, cpus: int) -> dict:
                            "compression": "zlib", "batch": 64, "prefetch": 4,
                            "workers": sorted({1, max(1, cpus // 4), max(1, cpus - 2)}),
                            "seconds_per_config": 10.0, "depth": None},
-            "probe": {"n_cells": 100_000, "width": 1_280, "n_classes": 20, "max_iter": [3, 9],
-                      "budget_mb": {"streamed": 512, "in_memory": 16_384}, "floor_rows": [1_000_000]},
+            "probe": {"n_cells": 100_000, "width": 1_280, "n_classes": 9, "max_iter": [3, 9],  # bench_scale's shape:
+                      "budget_mb": {"streamed": 256, "in_memory": 16_384},  # 70,000 rows, 41,811 a chunk
+                      "floor_rows": [1_000_000]},
             "robustness": {"width": 1_280, "n_types": 20, "n_sections": 25, "cells_per_group": 8, "k": 91, "m": 5,
                            "compare_cells": 200_000, "compare_anchors": 512, "full_cells": 100_000,
                            "anchor_cells": 1_000_000, "anchors": 20_000, "candidate_block": 65_536,

@@ -21,9 +21,9 @@ from cellpath.features.store import artifact_dir, read_sidecar
 from cellpath.features.tiling import place_section_cells
 from cellpath.io.layout import features_dir, section_index_csv
 from cellpath.io.sections import read_section_obs, sections_to_extract
+from cellpath.probing.fit import design_row_bytes, state_row_bytes
 from cellpath.probing.plan import count_runs, plan_runs, split_sizes
-from cellpath.runtime.costs import (ExtractCosts, calibrated_row_bytes, extract_patches, feature_bytes,
-                                    parameter_count)
+from cellpath.runtime.costs import ExtractCosts, extract_patches, feature_bytes, parameter_count
 from cellpath.runtime.planning import ExtractJob
 from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATION_MPP
 
@@ -178,8 +178,8 @@ def _probe_tasks(params: Params, panel: dict, evaluated: pd.DataFrame | None, pr
 
 def probe_workload(params: Params, encoders: list[EncoderSpec], magnifications: list[str], panel: dict,
                    evaluated: pd.DataFrame | None) -> list[dict]:
-    """Every fitted probe run by shape (encoder, width, n_train, n_val, n_test, n_classes; row_bytes:
-    bytes of one design row) with its ``runs`` count."""
+    """Every fitted probe run by shape (encoder, width, n_train, n_val, n_test, n_classes; row_bytes and
+    state_bytes: a training row's working and fit-state bytes at the C grid) with its ``runs`` count."""
     cfg = params.probe
     shapes: dict[tuple, int] = {}
     for taxonomy in cfg.taxonomies:
@@ -193,7 +193,8 @@ def probe_workload(params: Params, encoders: list[EncoderSpec], magnifications: 
                         key = (spec.slug, readout_width(spec.embed_dim, readout), *task)
                         shapes[key] = shapes.get(key, 0) + len(magnifications)
     return [{"encoder": key[0], "width": key[1], "n_train": key[2], "n_val": key[3], "n_test": key[4],
-             "n_classes": key[5], "row_bytes": calibrated_row_bytes(key[1], key[5]), "runs": runs}
+             "n_classes": key[5], "row_bytes": design_row_bytes(key[1], len(cfg.c_grid) * key[5]),
+             "state_bytes": state_row_bytes(len(cfg.c_grid) * key[5]), "runs": runs}
             for key, runs in shapes.items()]
 
 

@@ -94,11 +94,17 @@ def streamed_standardiser(source: RowSource, rows: np.ndarray, chunk_rows: int) 
     return mean, sd
 
 
+def state_row_bytes(n_columns: int) -> int:
+    """Fit-state bytes per training row: the float64 logits, logit steps, line-search trials,
+    log-probabilities, weights and residuals of ``n_columns`` fit columns (Cs × classes), held for
+    every row even when the design is streamed."""
+    return 48 * n_columns
+
+
 def design_row_bytes(width: int, n_columns: int) -> int:
-    """Working bytes per training row of a task: its float32 design row (with the ones column) and the
-    float64 logits, logit steps, line-search trials, log-probabilities, weights and residuals of its
-    ``n_columns`` fit columns (Cs × classes)."""
-    return 4 * (width + 1) + 48 * n_columns
+    """Working bytes per training row of a task: its float32 design row (with the ones column) and
+    its fit state (:func:`state_row_bytes`)."""
+    return 4 * (width + 1) + state_row_bytes(n_columns)
 
 
 def task_groups(tasks: list[ProbeTask], row_bytes: int, budget_bytes: int,

@@ -4,17 +4,18 @@ estimates built from them (``cellpath plan``; ``bench_scale`` puts each estimate
 measurement).
 
 Units: seconds of wall time on one worker of the calibration machine (``machine`` in the file)
-running as the stage runs there (the probe's scipy fits on one BLAS thread, so one core each;
-extraction and robustness on every core of the worker), bytes. Widths are design columns
+running as the stage runs there (the probe engine on one thread, so one core each; extraction and
+robustness on every core of the worker), bytes. Widths are design columns
 (features, + 1 for the probe's intercept). A device whose costs were never measured has no entry,
 and its estimates are ``None``, never guessed.
 
-Probe fit, per (run, C grid), mode = in memory or streamed as ``fit_tasks`` chooses from the budget::
+Probe fit, per run (its whole C grid), mode = in memory or streamed as ``fit_tasks`` chooses from the budget::
 
     seconds = w · (n_train · iterations · s_iteration + (n_train + n_val + n_test) · s_pass)
 
-(``iterations``: L-BFGS iterations summed over the C grid; ``s_pass``: one read, standardisation
-and product of a row, as the standardiser and the scoring make). Robustness, per scored unit of n
+(``iterations``: the L-BFGS iterations of the run's slowest C, the engine iterating every C of a run
+in one product; ``s_iteration`` measured with the default's C grid and nine classes; ``s_pass``: one
+read, standardisation and product of a row, as the standardiser, preconditioner and scoring make). Robustness, per scored unit of n
 cells of width w: ``n² · w · s_full`` when n ≤ ``full_max_cells``, else ``anchors · n · w ·
 s_anchor``; heap ``base + queries · w · b_query + n · b_cell`` (queries: n or the anchors). Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
 being 2 · parameters · tokens (the linear layers; attention adds under 10 % at 256 tokens for
@@ -48,7 +49,7 @@ class ProbeCosts:
 
     seconds_per_iteration: dict[str, float]
     seconds_per_pass: dict[str, float]
-    iterations_per_c: float          # L-BFGS iterations to convergence per C (assumed: see source)
+    iterations_per_c: float          # L-BFGS iterations to convergence of a run's slowest C (see source)
     iterations_range: tuple[float, float]
     iterations_source: str
     heap_base_bytes: float           # the stage's heap beyond the fit budget: interpreter, torch, ...
@@ -147,42 +148,39 @@ def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
 
 # --- probe ------------------------------------------------------------------------------------------------------
 
-def calibrated_row_bytes(width: int, n_classes: int) -> int:
-    """Working bytes per training row of the solver the stored probe costs were measured with: the
-    per-fit scipy L-BFGS-B of ``bench_scale`` on 2026-12-03 (the float32 rows read, the float64 design
-    row and the logits, probabilities and residuals). The probe engine that replaced it
-    (docs/decisions/0038) holds ``probing.fit.design_row_bytes`` instead; the model moves to it when
-    ``bench_scale --calibrate`` measures the engine, so that modes and heaps match what was measured."""
-    return 4 * width + 8 * (width + 1) + 3 * 8 * n_classes
-
-
 def probe_mode(n_train: int, row_bytes: int, budget_mb: float) -> str:
     """``in_memory`` when the task's design fits ``budget_mb``, else ``streamed``; ``row_bytes``: a
-    training row's working bytes (:func:`calibrated_row_bytes`)."""
+    training row's working bytes (``probing.fit.design_row_bytes``)."""
     chunk_rows = max(1, int(budget_mb * 1024**2) // row_bytes)
     return "in_memory" if n_train <= chunk_rows else "streamed"
 
 
 def probe_fit_seconds(costs: ProbeCosts, *, n_train: int, n_val: int, n_test: int, width: int, row_bytes: int,
                       iterations: float, budget_mb: float) -> float:
-    """Seconds of one run's fits (``iterations`` summed over the C grid) and scoring; ``width`` = features."""
+    """Seconds of one run's fits and scoring; ``width`` = features; ``iterations``: the run's slowest C
+    (the engine iterates every C of a run together, docs/decisions/0038)."""
     mode = probe_mode(n_train, row_bytes, budget_mb)
     columns = width + 1
     return columns * (n_train * iterations * costs.seconds_per_iteration[mode]
                       + (n_train + n_val + n_test) * costs.seconds_per_pass[mode])
 
 
-def probe_fit_bytes(n_train: int, row_bytes: int, budget_mb: float) -> float:
-    """Working bytes of one fit: its whole design in memory, or the budget's chunk when streamed."""
-    return min(n_train * row_bytes, budget_mb * 1024**2)
+def probe_fit_bytes(n_train: int, row_bytes: int, state_bytes: int, budget_mb: float) -> float:
+    """Working bytes of one fit: its design and fit state (``row_bytes`` per row) in memory, or, streamed,
+    one chunk of the budget's design rows and the fit state of every row (``state_bytes`` per row:
+    the float64 logits and their line-search companions, kept whole so that a trial step needs no read)."""
+    if probe_mode(n_train, row_bytes, budget_mb) == "in_memory":
+        return n_train * row_bytes
+    chunk_rows = max(1, int(budget_mb * 1024**2) // row_bytes)
+    return chunk_rows * (row_bytes - state_bytes) + n_train * state_bytes
 
 
 def probe_heap_bytes(costs: ProbeCosts, n_panel_cells: int, budget_mb: float, *, n_train: int,
-                     row_bytes: int) -> float:
+                     row_bytes: int, state_bytes: int) -> float:
     """Peak heap of a probe worker: the fixed part, the panel's cell table, and the largest fit's
-    working bytes (``n_train`` rows of ``row_bytes``; :func:`probe_fit_bytes`)."""
+    working bytes (:func:`probe_fit_bytes`)."""
     return (costs.heap_base_bytes + costs.heap_bytes_per_cell * n_panel_cells
-            + probe_fit_bytes(n_train, row_bytes, budget_mb))
+            + probe_fit_bytes(n_train, row_bytes, state_bytes, budget_mb))
 
 
 # --- robustness -------------------------------------------------------------------------------------------------

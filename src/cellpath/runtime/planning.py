@@ -38,7 +38,8 @@ class ExtractJob:
 @dataclass(frozen=True)
 class Workload:
     """What the heavy stages would do. ``probe_shapes``: rows of encoder, width, n_train, n_val,
-    n_test, n_classes, row_bytes (bytes of one design row) and runs; ``robustness_units``: rows of
+    n_test, n_classes, row_bytes (working bytes of one training row), state_bytes (the part of them a
+    streamed fit keeps for every row) and runs; ``robustness_units``: rows of
     encoder, width, n_cells and scorings. The rest are the params the formulas take."""
 
     extract: list[ExtractJob]
@@ -63,20 +64,22 @@ def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob) -> dict:
 
 
 def probe_estimate(costs: ProbeCosts, device: str, work: Workload) -> dict:
-    """Every fitted probe run, one core each, at the cost model's iterations per C and its p25–p75 range."""
+    """Every fitted probe run, one core each, at the cost model's iterations of a run's slowest C and
+    their p25–p75 range (every C of a run iterates together)."""
     totals = [sum(row["runs"] * probe_fit_seconds(
         costs, n_train=row["n_train"], n_val=row["n_val"], n_test=row["n_test"], width=row["width"],
-        row_bytes=row["row_bytes"], iterations=iterations * work.c_grid_size, budget_mb=work.probe_budget_mb)
+        row_bytes=row["row_bytes"], iterations=iterations, budget_mb=work.probe_budget_mb)
         for row in work.probe_shapes) for iterations in (costs.iterations_per_c, *costs.iterations_range)]
     return {"stage": "probe", "what": "every fitted run", "device": device,
             "units": sum(row["runs"] for row in work.probe_shapes), "unit": "run", "seconds": totals[0],
             "core_seconds": totals[0], "core_seconds_range": totals[1:],
             "peak_memory_bytes": max(probe_heap_bytes(costs, work.n_panel_cells, work.probe_budget_mb,
-                                                      n_train=row["n_train"], row_bytes=row["row_bytes"])
+                                                      n_train=row["n_train"], row_bytes=row["row_bytes"],
+                                                      state_bytes=row["state_bytes"])
                                      for row in work.probe_shapes),
             "disk_bytes": None,
-            "source": f"{costs.iterations_per_c:g} L-BFGS iterations per C (range {costs.iterations_range[0]:g}–"
-                      f"{costs.iterations_range[1]:g}) × {work.c_grid_size} C, {costs.iterations_source}; "
+            "source": f"{costs.iterations_per_c:g} L-BFGS iterations per run (range {costs.iterations_range[0]:g}–"
+                      f"{costs.iterations_range[1]:g}; its {work.c_grid_size} Cs together), {costs.iterations_source}; "
                       f"{costs.source}"}
 
 
