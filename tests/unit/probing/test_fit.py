@@ -75,6 +75,19 @@ def test_correlated_features_reach_sklearns_optimum():
                                    logits_theirs - logits_theirs.mean(axis=1, keepdims=True), atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_design_block_is_the_float64_standardisation_bit_for_bit_across_its_row_blocks(dtype):
+    from cellpath.probing.engine import STANDARDISE_ROWS, design_block
+
+    rng = np.random.default_rng(4)
+    raw = (rng.normal(size=(2 * STANDARDISE_ROWS + 37, 24)) * 5 + 3).astype(np.float16)
+    mean, sd = raw.mean(axis=0, dtype=np.float64), raw.std(axis=0, dtype=np.float64)
+    block = design_block(raw, (mean, sd), dtype)
+    assert block.dtype == dtype and block.shape == (len(raw), 25) and (block[:, -1] == 1).all()
+    np.testing.assert_array_equal(block[:, :-1], ((raw.astype(np.float64) - mean) / sd).astype(dtype))
+    assert design_block(raw[:0], (mean, sd)).shape == (0, 25)
+
+
 def test_the_preconditioner_finds_the_leading_eigenpairs():
     import torch
 
