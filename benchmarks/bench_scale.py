@@ -320,7 +320,8 @@ def _largest_fit_bytes(results: dict, entry: dict) -> float:
 
 
 def _default_iterations() -> dict:
-    """L-BFGS iterations per C to convergence on the default run's probe table (the simulated panel)."""
+    """L-BFGS iterations to convergence of each run's slowest C (its Cs iterate together) on the default
+    run's probe table (the simulated panel)."""
     import pandas as pd
 
     from cellpath.io.layout import probe_runs_parquet
@@ -379,8 +380,9 @@ def estimate(results: dict, model: CostModel) -> dict:
                                             budget_mb=budget) for r in record["per_run"])
             largest = max(record["per_run"], key=lambda r: r["n_train"])
             row_bytes, state_bytes = _row_bytes(results, int(largest["n_classes"]))
+            alike = sum(r["n_classes"] == largest["n_classes"] for r in record["per_run"])  # one group's candidates
             heap = probe_heap_bytes(costs.probe, entry["n_cells"], budget, n_train=int(largest["n_train"]),
-                                    row_bytes=row_bytes, state_bytes=state_bytes) / 1024**2
+                                    row_bytes=row_bytes, state_bytes=state_bytes, tasks=alike) / 1024**2
             rows.append({"stage": "probe", "mode": mode, "n_cells": entry["n_cells"], "measured_s": record["wall_s"],
                          "estimate_s": seconds, "ratio_s": seconds / record["wall_s"],
                          "measured_heap_mb": record["peak_anon_rss_mb"], "estimate_heap_mb": heap,

@@ -75,7 +75,7 @@ def probe_estimate(costs: ProbeCosts, device: str, work: Workload) -> dict:
             "core_seconds": totals[0], "core_seconds_range": totals[1:],
             "peak_memory_bytes": max(probe_heap_bytes(costs, work.n_panel_cells, work.probe_budget_mb,
                                                       n_train=row["n_train"], row_bytes=row["row_bytes"],
-                                                      state_bytes=row["state_bytes"])
+                                                      state_bytes=row["state_bytes"], tasks=row["runs"])
                                      for row in work.probe_shapes),
             "disk_bytes": None,
             "source": f"{costs.iterations_per_c:g} L-BFGS iterations per run (range {costs.iterations_range[0]:g}–"

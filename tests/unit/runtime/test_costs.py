@@ -39,9 +39,14 @@ def test_probe_heap_holds_a_streamed_fits_state_for_every_row_and_one_chunk_of_i
     chunk_rows = 512 * 1024**2 // row_bytes  # 83,623 rows
     assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=10_000_000, row_bytes=row_bytes, state_bytes=state) \
         == pytest.approx(5e8 + 7e8 + chunk_rows * 4 * 1_281 + 10_000_000 * 1_296)
-    # in memory (a smaller task): the whole design and state
+    # in memory (a smaller task): the whole design and state, for as many tasks of its size as a group
+    # stacks within the budget (83 of 1,000 rows; 3 when only 3 are fitted)
     assert probe_heap_bytes(PROBE, 1_000_000, 512, n_train=1_000, row_bytes=row_bytes, state_bytes=state) \
         == pytest.approx(5e8 + 7e8 + 1_000 * 6_420)
+    assert probe_heap_bytes(PROBE, 0, 512, n_train=1_000, row_bytes=row_bytes, state_bytes=state, tasks=500) \
+        == pytest.approx(5e8 + 83 * 1_000 * 6_420)
+    assert probe_heap_bytes(PROBE, 0, 512, n_train=1_000, row_bytes=row_bytes, state_bytes=state, tasks=3) \
+        == pytest.approx(5e8 + 3 * 1_000 * 6_420)
 
 
 def test_robustness_is_quadratic_to_the_threshold_then_anchors_times_n():
