@@ -20,15 +20,18 @@ turns that into the cost model's ``devices.cuda.probe``. It returns (JSON types)
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from cellpath.probing.engine import Design
 from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks, standardiser
 
 F1_TOLERANCE_POINTS = 0.1
-C_GRID = (0.01, 0.1, 1.0)  # params.yaml's probe.c_grid: the Cs of a run iterate together, as bench_scale measures them
+# params.yaml's probe.c_grid: a run's Cs iterate together, as bench_scale measures them on the CPU
+C_GRID = tuple(yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())["probe"]["c_grid"])
 
 
 def _panel(n_cells: int, width: int, n_classes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -82,9 +82,10 @@ def design_block(raw: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], dtype: 
     mean, sd = scaler
     out = np.empty((len(raw), len(mean) + 1), dtype=dtype)
     buffer = np.empty((min(STANDARDISE_ROWS, len(raw)), len(mean)))
-    for start, part in chunks(np.arange(len(raw)), STANDARDISE_ROWS):
+    for start in range(0, len(raw), STANDARDISE_ROWS):
+        part = raw[start:start + STANDARDISE_ROWS]
         rows = buffer[:len(part)]
-        np.subtract(raw[start:start + len(part)], mean, out=rows)
+        np.subtract(part, mean, out=rows)
         np.divide(rows, sd, out=out[start:start + len(part), :-1], casting="same_kind")
     out[:, -1] = 1.0
     return out
