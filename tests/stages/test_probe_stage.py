@@ -54,6 +54,8 @@ def test_run_table_has_one_row_per_planned_run(all_protocols):
     # every fitted run records its iterations and whether it converged; the counts say how many did not
     assert ok["converged"].notna().all() and ((ok["lbfgs_iterations"] >= 1) & (ok["lbfgs_iterations"] <= 30)).all()
     assert skipped["converged"].isna().all() and skipped["lbfgs_iterations"].isna().all()
+    # how many Cs tied at the chosen C's validation Macro-F1: 1 (no tie) to the whole grid; NA when skipped
+    assert runs["c_tied"].dtype == "Int64" and ok["c_tied"].between(1, 4).all() and skipped["c_tied"].isna().all()
     assert counts_json["total"]["not_converged"] == int((~ok["converged"].astype(bool)).sum())
     assert sum(counts_json[p]["not_converged"] for p in ("is", "iocd", "mocv", "looo")) == \
         counts_json["total"]["not_converged"]

@@ -4,8 +4,14 @@ A *task* is one probe run (train/val/test rows of one feature matrix and the cla
 ``fit_tasks`` groups the tasks (:func:`task_groups`: the same number of classes, training rows that
 mostly coincide), fits every (task, C) of a group in one pass over its rows with the engine
 (``cellpath.probing.engine``: float32 products, float64 line searches, each fit to its own stopping
-test), then selects C on validation Macro-F1 (the strongest regularisation on ties) and scores the
-test cells: Macro-F1, Macro-AUROC and Macro-AUPRC over the task's classes.
+test), then selects C on validation Macro-F1 and scores the test cells: Macro-F1, Macro-AUROC and
+Macro-AUPRC over the task's classes.
+
+The choice of C (``scores.select_c``): each C's validation Macro-F1 is computed exactly, a rational
+number from its integer confusion counts; of the Cs whose Macro-F1 equals the maximum exactly, the
+smallest is chosen (the strongest regularisation; the grid must be strictly ascending), and how many
+reach the maximum is recorded (``ProbeResult.tied_cs``). No float comparison decides a tie, so the
+same validation predictions choose the same C on any CPU.
 
 Each objective is scikit-learn's scaled by 1/n: mean cross-entropy + ||W||² / (2·C·n) (intercept
 unpenalised; doubled for two classes, ``engine.binary_factor``), so ``C`` means what it means in
@@ -28,7 +34,7 @@ import numpy as np
 import torch
 
 from cellpath.probing.engine import Design, GroupProblem, RowSource, binary_factor, chunks, design_block, fit_group
-from cellpath.probing.scores import macro_f1, macro_scores
+from cellpath.probing.scores import check_c_grid, macro_scores, select_c
 
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
 DEFAULT_TOL = 1e-8        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
@@ -69,10 +75,11 @@ class ProbeResult:
     """Scores of one probe run on its test cells, over the task's classes."""
 
     chosen_c: float
+    tied_cs: int           # Cs whose exact validation Macro-F1 equals the best (1: no tie); the smallest is chosen
     macro_f1: float
     macro_auroc: float
     macro_auprc: float
-    val_macro_f1: float
+    val_macro_f1: float    # the chosen C's exact validation Macro-F1, rounded once to a float
     iterations: int        # L-BFGS iterations of the slowest C of the grid
     converged: bool        # every C of the grid met the tolerance
     fit_seconds: float
@@ -150,8 +157,9 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
     stops on its own test (``tol`` or ``max_iter``); ``ProbeResult.converged`` says whether every C
     met ``tol``. ``batch_memory_mb``: the design of a group of tasks (``design_row_bytes`` per padded
     row); a task larger than it alone is streamed in chunks. ``fit_seconds``: the group's wall time
-    shared equally by its tasks.
+    shared equally by its tasks. ``c_grid`` must be strictly ascending (ValueError before any fit).
     """
+    check_c_grid(c_grid)
     source = InMemoryRows(x) if isinstance(x, np.ndarray) else x
     y = np.asarray(y, dtype=np.int64)
     budget = int(batch_memory_mb * 1024**2)
@@ -174,8 +182,8 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
                 scored.append((_score_task(source, y, task, weights, scalers[t], c_grid, chunk_rows),
                                int(fit.iterations[t].max()), bool(fit.converged[t].all())))
             share = (time.perf_counter() - started) / len(members)
-            for g, ((chosen, val_f1, scores, pred, confidence), iterations, converged) in zip(group, scored):
-                results[positions[g]] = ProbeResult(chosen, *scores, val_f1, iterations, converged, share, pred,
+            for g, ((chosen, tied, val_f1, scores, pred, confidence), iterations, converged) in zip(group, scored):
+                results[positions[g]] = ProbeResult(chosen, tied, *scores, val_f1, iterations, converged, share, pred,
                                                     confidence)
     return results  # type: ignore[return-value]
 
@@ -219,16 +227,17 @@ def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.n
 
 
 def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
-                scaler: tuple[np.ndarray, np.ndarray], c_grid,
-                chunk_rows: int) -> tuple[float, float, tuple, np.ndarray, np.ndarray]:
-    """Select C on validation Macro-F1 and score the test cells: (C, its validation Macro-F1, the test
-    scores, each test cell's predicted class index and that class's probability)."""
+                scaler: tuple[np.ndarray, np.ndarray], c_grid: tuple[float, ...],
+                chunk_rows: int) -> tuple[float, int, float, tuple, np.ndarray, np.ndarray]:
+    """Select C on validation Macro-F1 (``select_c``) and score the test cells: (C, how many Cs tied,
+    its validation Macro-F1 as a float, the test scores, each test cell's predicted class index and
+    that class's probability)."""
     with torch.no_grad():
         val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes, chunk_rows)
-        val_f1 = [macro_f1(y[task.val], task.classes[p.argmax(axis=1)], task.classes) for p in val_prob]
-        best = int(np.argmax(val_f1))  # earliest (strongest regularisation) on ties
+        selection = select_c(y[task.val], [task.classes[p.argmax(axis=1)] for p in val_prob], task.classes, c_grid)
+        best = selection.position
         test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes,
                                          chunk_rows)[0]
     scores = macro_scores(y[task.test], test_prob, task.classes)
-    return (float(c_grid[best]), float(val_f1[best]), scores, task.classes[test_prob.argmax(axis=1)],
-            test_prob.max(axis=1))
+    return (float(c_grid[best]), selection.tied, float(selection.macro_f1), scores,
+            task.classes[test_prob.argmax(axis=1)], test_prob.max(axis=1))

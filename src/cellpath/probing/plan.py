@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 EXCLUSION_COLUMNS = [f"n_test_excluded_{rule}" for rule in IS_EXCLUSION_RULES]  # IS test cells each rule removed
 RUN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "organ", "seed", "status",
                "skip_reason", "n_train", "n_val", "n_test", *EXCLUSION_COLUMNS, "n_classes", "classes", "chosen_c",
-               "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "lbfgs_iterations", "converged",
+               "c_tied", "val_macro_f1", "macro_f1", "macro_auroc", "macro_auprc", "lbfgs_iterations", "converged",
                "fit_seconds"]
 
 
@@ -126,8 +126,8 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
         row = run.row(names)
         result = by_run.get(id(run))
         if result is not None:
-            row |= {"chosen_c": result.chosen_c, "val_macro_f1": result.val_macro_f1, "macro_f1": result.macro_f1,
-                    "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
+            row |= {"chosen_c": result.chosen_c, "c_tied": result.tied_cs, "val_macro_f1": result.val_macro_f1,
+                    "macro_f1": result.macro_f1, "macro_auroc": result.macro_auroc, "macro_auprc": result.macro_auprc,
                     "lbfgs_iterations": result.iterations, "converged": result.converged,
                     "fit_seconds": result.fit_seconds}
             if run.protocol == "is" and cfg.is_errors:
@@ -136,7 +136,7 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
     columns = [c for c in RUN_COLUMNS if c not in ("model", "magnification", "readout")]  # the caller's keys
     frame = pd.DataFrame(rows).reindex(columns=columns)  # every column, even when every run is skipped
     error_frame = (pd.concat(errors, ignore_index=True) if errors else pd.DataFrame()).reindex(columns=ERROR_COLUMNS)
-    return frame.astype({"lbfgs_iterations": "Int64", "converged": "boolean"}), error_frame
+    return frame.astype({"c_tied": "Int64", "lbfgs_iterations": "Int64", "converged": "boolean"}), error_frame
 
 
 def confident_errors(cells: pd.DataFrame, run: PlannedRun, result, codes: np.ndarray, names: list[str],

@@ -1,14 +1,26 @@
-"""A probe run's test scores: Macro-F1, Macro-AUROC and Macro-AUPRC over the classes it scores.
+"""A probe run's scores: Macro-F1, Macro-AUROC and Macro-AUPRC over the classes it scores, and the
+choice of C on validation Macro-F1.
 
 Written from the definitions (rank-sum AUROC, step-wise average precision) so a run table needs
-no scikit-learn at scoring time; ``tests/unit/probing/test_scores.py`` checks each against
-scikit-learn.
+no scikit-learn at scoring time; ``tests/unit/probing/test_fit.py`` checks each against
+scikit-learn, ``tests/unit/probing/test_c_selection.py`` the choice of C.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import NamedTuple
+
 import numpy as np
 from scipy.stats import rankdata
+
+
+def _f1_counts(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per class of ``classes``: true positives TP and the F1 denominator 2TP + FP + FN (true + predicted cells)."""
+    true_hit = y_true[:, None] == classes[None, :]
+    pred_hit = y_pred[:, None] == classes[None, :]
+    return (true_hit & pred_hit).sum(axis=0), true_hit.sum(axis=0) + pred_hit.sum(axis=0)
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> float:
@@ -16,12 +28,52 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> flo
 
     The same as ``sklearn.metrics.f1_score(..., labels=classes, average="macro", zero_division=0)``.
     """
-    true_hit = y_true[:, None] == classes[None, :]
-    pred_hit = y_pred[:, None] == classes[None, :]
-    tp = (true_hit & pred_hit).sum(axis=0)
-    denominator = true_hit.sum(axis=0) + pred_hit.sum(axis=0)
+    tp, denominator = _f1_counts(y_true, y_pred, classes)
     f1 = np.divide(2.0 * tp, denominator, out=np.zeros(len(classes)), where=denominator > 0)
     return float(f1.mean()) if len(classes) else float("nan")
+
+
+def exact_macro_f1(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray) -> Fraction:
+    """:func:`macro_f1` as an exact fraction of the integer counts: the mean over ``classes`` of
+    2TP / (2TP + FP + FN), 0 where a class is neither true nor predicted."""
+    if not len(classes):
+        raise ValueError("Macro-F1 needs at least one class")
+    tp, denominator = _f1_counts(y_true, y_pred, classes)
+    total = sum((Fraction(2 * int(t), int(d)) for t, d in zip(tp, denominator) if d), Fraction(0))
+    return total / len(classes)
+
+
+def check_c_grid(c_grid: Sequence[float]) -> None:
+    """Raise ValueError unless ``c_grid`` holds at least one C, strictly ascending (strongest
+    regularisation first), as :func:`select_c` needs."""
+    if not len(c_grid) or any(a >= b for a, b in zip(c_grid, c_grid[1:])):
+        raise ValueError(f"the C grid must hold at least one C, strictly ascending (strongest regularisation "
+                         f"first); got {list(c_grid)}")
+
+
+class CSelection(NamedTuple):
+    """The C chosen on validation: its position in the grid, how many Cs tied at the best Macro-F1
+    (1: no tie) and that Macro-F1, exact."""
+
+    position: int
+    tied: int
+    macro_f1: Fraction
+
+
+def select_c(y_true: np.ndarray, predictions: Sequence[np.ndarray], classes: np.ndarray,
+             c_grid: Sequence[float]) -> CSelection:
+    """The C of ``c_grid`` (strictly ascending, :func:`check_c_grid`) whose validation predictions
+    (``predictions[i]``: the predicted class of each cell of ``y_true`` under ``c_grid[i]``) score the
+    highest :func:`exact_macro_f1` over ``classes``; among Cs whose exact Macro-F1 equals that
+    maximum, the smallest (the strongest regularisation). Ties are equality of rational numbers,
+    never of floats, so the choice does not depend on rounding or on the order of the cells."""
+    check_c_grid(c_grid)
+    if len(predictions) != len(c_grid):
+        raise ValueError(f"{len(predictions)} prediction vectors for a C grid of {len(c_grid)}")
+    scores = [exact_macro_f1(y_true, y_pred, classes) for y_pred in predictions]
+    best = max(scores)
+    tied = [i for i, score in enumerate(scores) if score == best]
+    return CSelection(tied[0], len(tied), best)
 
 
 def binary_auroc(positive: np.ndarray, score: np.ndarray) -> float:

@@ -177,9 +177,10 @@ def _data_tables(inputs: ReportInputs) -> Built:
         tables.panel_table(inputs.panels).set_index("section_id"), percent_pairs=False, percent_columns=())
     out["probe_runs"] = display_table(
         "probe_runs", "Every probe run",
-        "One row per planned run, fitted or skipped: its training cells, the C chosen on validation, the test "
-        "Macro-F1 (a fraction), the L-BFGS iterations of its slowest C and whether every C converged. The first 15 "
-        "are shown; every run is in reports/tables/probe_runs.csv, the readable copy of reports/probe/runs.parquet.",
+        "One row per planned run, fitted or skipped: its training cells, the C chosen on validation (the "
+        "smallest of the c_tied Cs whose validation Macro-F1 is exactly the best), the test Macro-F1 (a "
+        "fraction), the L-BFGS iterations of its slowest C and whether every C converged. The first 15 are "
+        "shown; every run is in reports/tables/probe_runs.csv, the readable copy of reports/probe/runs.parquet.",
         tables.run_table(inputs.runs), percent_pairs=False, percent_columns=(), max_rows=15)
     return out
 

@@ -52,12 +52,12 @@ def _mean_sd(summary: pd.DataFrame, index: str, columns: str) -> pd.DataFrame:
 
 #: The run table's keys and scores that reports/tables/probe_runs.csv keeps (a readable copy in git).
 RUN_TABLE_COLUMNS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "seed", "status", "n_train",
-                     "chosen_c", "macro_f1", "lbfgs_iterations", "converged"]
+                     "chosen_c", "c_tied", "macro_f1", "lbfgs_iterations", "converged"]
 
 
 def run_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Every planned run (fitted or skipped) with its chosen C and test Macro-F1 (a fraction, 6 decimals),
-    sorted by its keys, indexed by model."""
+    """Every planned run (fitted or skipped) with its chosen C, how many Cs tied at its validation
+    Macro-F1, and its test Macro-F1 (a fraction, 6 decimals), sorted by its keys, indexed by model."""
     table = runs[RUN_TABLE_COLUMNS].sort_values(RUN_TABLE_COLUMNS[:7], kind="stable")
     return table.assign(macro_f1=table["macro_f1"].round(6)).set_index("model")
 

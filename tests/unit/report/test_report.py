@@ -57,7 +57,7 @@ def constructed_runs() -> pd.DataFrame:
                                          "seed": seed, "status": "ok", "skip_reason": "", "macro_f1": score,
                                          "macro_auroc": score + 0.3, "macro_auprc": score,
                                          "lbfgs_iterations": 30, "converged": seed == 0, "n_train": 400,
-                                         "chosen_c": 0.1})
+                                         "chosen_c": 0.1, "c_tied": 1})
     return pd.DataFrame(rows)
 
 
@@ -412,8 +412,9 @@ def test_a_run_that_is_not_comparable_is_shown_beside_the_paper_and_never_ranked
 def test_the_run_table_shows_skipped_runs():
     from cellpath.report.tables import display, run_table
 
-    runs = constructed_runs().head(3).astype({"converged": "boolean", "lbfgs_iterations": "Int64"})
-    runs.loc[0, ["status", "chosen_c", "macro_f1", "n_train", "converged", "lbfgs_iterations"]] = \
-        ["skipped", None, None, None, pd.NA, pd.NA]
+    runs = constructed_runs().head(3).astype({"converged": "boolean", "lbfgs_iterations": "Int64", "c_tied": "Int64"})
+    runs.loc[0, ["status", "chosen_c", "c_tied", "macro_f1", "n_train", "converged", "lbfgs_iterations"]] = \
+        ["skipped", None, pd.NA, None, None, pd.NA, pd.NA]
     shown = display(run_table(runs), percent_pairs=False, percent_columns=())
     assert list(shown["status"]).count("skipped") == 1 and "" in list(shown["converged"])
+    assert list(shown.loc[shown["status"] == "ok", "c_tied"]) == ["1", "1"]
