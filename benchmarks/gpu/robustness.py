@@ -59,7 +59,8 @@ def product_search(rows: np.ndarray, labels: Labels, anchors: np.ndarray, k: int
 
     knn = knn_excluding_groups(rows, labels.group, k, anchors=anchors)
     typed = typed_neighbours(rows, labels.biology, labels.confounder, labels.group, m, anchors=anchors)
-    return Hits(knn.distance, knn.index, typed.so, typed.so_index, typed.os, typed.os_index)
+    # the stage's k-NN also lists the neighbours tied with the k-th; the device search keeps k
+    return Hits(knn.distance[:, :k], knn.index[:, :k], typed.so, typed.so_index, typed.os, typed.os_index)
 
 
 def _agrees(compared: dict, tolerance: float) -> bool:

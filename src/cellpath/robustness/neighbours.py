@@ -1,11 +1,18 @@
-"""Exact nearest neighbours with faiss, excluding each anchor's own group.
+"""Exact nearest neighbours with faiss, excluding each anchor's own group, ranked by float64 distances.
 
-Conventions: features are L2-normalised float32 rows (``x / (||x|| + 1e-12)``, as croma does);
-similarity is the inner product on ``faiss.IndexFlatIP`` and the cosine distance is
-``d = 1 - <x_i, x_j>``, clipped to ``[0, 2]`` as scikit-learn clips it. A *group* is the physical
+Conventions: the cosine distance ``d = 1 - <x̂_i, x̂_j>`` of rows normalised as croma does
+(``x / (||x|| + 1e-12)``), clipped to ``[0, 2]`` as scikit-learn clips it. A *group* is the physical
 unit a sample was cut from (image patch, spatial tile, slide); candidates sharing the anchor's group
-(the anchor included) are never its neighbours. Searches over-fetch, drop same-group hits, and
-re-query only the anchors that lost too many with the exact fetch they need, so results are exact.
+(the anchor included) are never its neighbours.
+
+faiss (``IndexFlatIP`` on float32 unit rows) proposes candidates; every proposed hit's distance is
+then computed in float64 from the rows as read (:class:`ExactDistances`) and the hits ranked by it,
+so that near-duplicate rows (the Mean readout: every cell of a patch shares one vector) keep their
+true order and bitwise-equal rows tie exactly. A fetch is extended until every row left out is
+provably farther (:func:`float32_error_bound`), so results are exact. Distances within
+:data:`TIE_TOLERANCE` are tied: a k-NN result lists every neighbour tied with the k-th, and the
+metrics share the k-th place among them (``metrics.rank_weights``; docs/decisions/0039).
+
 Candidates are read ``candidate_rows`` at a time (from memory or a memory-mapped :class:`RowSource`)
 and each chunk's exact hits merged into the running best; queries are processed ``chunk_size`` at a
 time. A search holds the anchors' rows, one candidate chunk with its indexes and the
@@ -16,6 +23,7 @@ flat index is used when faiss sees a GPU (``faiss.get_num_gpus() > 0``), the CPU
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,23 +40,29 @@ _CHUNK_COPIES = 4
 _GPU_MAX_K = 2048
 #: Quantile of the per-anchor same-group counts added to k on the first fetch.
 _OVERFETCH_QUANTILE = 0.9
+#: Cosine distances closer than this are tied (a float64 distance is exact to about 1e-15).
+TIE_TOLERANCE = 1e-12
+#: Bytes of float64 (query, hit, feature) differences formed at a time by :class:`ExactDistances`.
+_PAIR_BLOCK_BYTES = 32 * 1024**2
 
 
 @dataclass(frozen=True)
 class Neighbours:
-    """The k nearest other-group neighbours of every sample, nearest first.
+    """The k nearest other-group neighbours of every sample, nearest first (equal distances by row).
 
-    ``index`` holds row indices (-1 where a sample has fewer than k candidates) and ``distance``
-    the cosine distances (inf there).
+    ``index`` holds row indices and ``distance`` the float64 cosine distances; a row lists every
+    neighbour within :data:`TIE_TOLERANCE` of its k-th distance, so it may hold more than ``k``
+    (padding: -1 and inf, also where a sample has fewer than k candidates).
     """
 
     index: np.ndarray
     distance: np.ndarray
+    k: int
 
 
 @dataclass(frozen=True)
 class TypedNeighbours:
-    """Cosine distances to the m nearest SO and m nearest OS neighbours, ascending, inf-padded.
+    """Cosine distances (float64) to the m nearest SO and m nearest OS neighbours, ascending, inf-padded.
 
     SO: same biology, other confounder. OS: other biology, same confounder. Both exclude the
     anchor's own group. ``so_index`` / ``os_index``: the row positions of those neighbours (-1
@@ -83,19 +97,6 @@ class ArrayRows(RowSource):
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         return self.array[rows]
-
-
-@dataclass(frozen=True)
-class NormalisedRows(RowSource):
-    """A :class:`RowSource` whose rows are L2-normalised as they are read (:func:`l2_normalise`)."""
-
-    source: RowSource
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return l2_normalise(self.source.take(rows))
 
 
 def candidate_rows_for(budget_mb: float, width: int) -> int:
@@ -143,21 +144,66 @@ def _search(index: faiss.Index, queries: np.ndarray, k: int, chunk_size: int) ->
     return scores, positions
 
 
-def _keep_other_groups(
-    scores: np.ndarray, positions: np.ndarray, index_groups: np.ndarray, query_groups: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """First k hits of another group per row: (distances inf-padded, positions -1-padded, counts)."""
-    found = positions >= 0
-    valid = found & (index_groups[np.where(found, positions, 0)] != query_groups[:, None])
-    take = min(k, positions.shape[1])
-    order = np.argsort(~valid, axis=1, kind="stable")[:, :take]
-    kept = np.take_along_axis(valid, order, axis=1)
-    distance = np.full((len(positions), k), np.inf)
-    index = np.full((len(positions), k), -1, dtype=np.int64)
-    ip = np.take_along_axis(scores, order, axis=1).astype(np.float64)
-    distance[:, :take] = np.where(kept, np.clip(1.0 - ip, 0.0, 2.0), np.inf)
-    index[:, :take] = np.where(kept, np.take_along_axis(positions, order, axis=1), -1)
-    return distance, index, kept.sum(axis=1)
+def float32_error_bound(width: int) -> float:
+    """An upper bound on how far faiss's float32 cosine distance of two rows of ``width`` features
+    can be from the float64 one: the float32 inner product's rounding bound for unit vectors,
+    ``width · 2⁻²⁴``, plus the float32 normalisation of both rows, with 1 % to spare."""
+    return 1.01 * (width + 4) * 2.0**-24
+
+
+def l2_normalise_exact(features: np.ndarray) -> np.ndarray:
+    """Rows (any leading shape) divided by ``norm + 1e-12`` in float64: the rows every distance is
+    computed from (croma's convention; a zero row stays zero)."""
+    x = np.asarray(features, dtype=np.float64)
+    return x / (np.linalg.norm(x, axis=-1, keepdims=True) + 1e-12)
+
+
+@dataclass(frozen=True)
+class ExactDistances:
+    """Cosine distances in float64 between query rows and candidate rows, as read (``queries``,
+    ``candidates``: raw feature rows, normalised here in float64).
+
+    ``1 - cos`` is computed as ``½‖x̂ − ŷ‖² + 1 − ½(‖x̂‖² + ‖ŷ‖²)``, which is ``1 - x̂·ŷ`` exactly but
+    keeps its precision where the distance is tiny (near-duplicate rows), and is clipped to [0, 2].
+    Rows that are bitwise equal get bitwise equal distances.
+    """
+
+    queries: np.ndarray
+    candidates: np.ndarray
+
+    def __call__(self, query_positions: np.ndarray, hits: np.ndarray) -> np.ndarray:
+        """(n, W) distances of query ``query_positions[i]`` to candidates ``hits[i]`` (-1: inf)."""
+        out = np.full(hits.shape, np.inf)
+        if hits.size == 0:
+            return out
+        width = self.queries.shape[1]
+        block = max(1, _PAIR_BLOCK_BYTES // (8 * width * hits.shape[1]))
+        for start in range(0, len(hits), block):
+            rows = hits[start:start + block]
+            found = rows >= 0
+            query = l2_normalise_exact(self.queries[query_positions[start:start + block]])[:, None, :]
+            candidate = l2_normalise_exact(self.candidates[np.where(found, rows, 0)])
+            half_square = 0.5 * np.square(query - candidate).sum(axis=2)
+            norm_gap = 1.0 - 0.5 * (np.square(query).sum(axis=2) + np.square(candidate).sum(axis=2))
+            out[start:start + block] = np.where(found, np.clip(half_square + norm_gap, 0.0, 2.0), np.inf)
+        return out
+
+
+def _sorted_hits(distance: np.ndarray, index: np.ndarray, k: int, with_ties: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's hits by ascending distance (then index), cut after the k-th, or — ``with_ties`` —
+    after every hit within :data:`TIE_TOLERANCE` of the k-th distance (rows padded with inf / -1)."""
+    order = np.lexsort((index, distance), axis=1)
+    distance, index = np.take_along_axis(distance, order, axis=1), np.take_along_axis(index, order, axis=1)
+    if distance.shape[1] < k:
+        pad = k - distance.shape[1]
+        distance = np.pad(distance, ((0, 0), (0, pad)), constant_values=np.inf)
+        index = np.pad(index, ((0, 0), (0, pad)), constant_values=-1)
+    if not with_ties:
+        return distance[:, :k], index[:, :k]
+    within = np.isfinite(distance) & (distance <= (distance[:, k - 1] + TIE_TOLERANCE)[:, None])
+    width = max(k, int(within.sum(axis=1).max(initial=0)))
+    return (np.where(within, distance, np.inf)[:, :width],
+            np.where(within, index, -1)[:, :width])
 
 
 def search_excluding_groups(
@@ -167,25 +213,44 @@ def search_excluding_groups(
     query_groups: np.ndarray,
     k: int,
     same_group_counts: np.ndarray,
+    exact: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    with_ties: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact k nearest hits in ``index`` whose group differs from the query's.
+    """The k nearest hits in ``index`` whose group differs from the query's, by exact distance.
 
-    ``same_group_counts[q]`` is how many indexed rows share query q's group: fetching
-    ``k + same_group_counts[q]`` hits is always enough. The first fetch adds the 90th
-    percentile of those counts; rows left short are re-queried with their exact bound.
-    Returns (cosine distances inf-padded, positions in ``index`` -1-padded), each (n_queries, k).
+    faiss ranks in float32; ``exact(query_positions, hits)`` gives the float64 distances the hits
+    are ordered by. A query's fetch is complete when every row it did not fetch is provably farther
+    than its k-th exact distance (and, ``with_ties``, farther than everything tied with it): the
+    float32 distance of its last fetch, less :func:`float32_error_bound`, must exceed it; otherwise
+    the fetch is doubled, and at least ``k + same_group_counts[q]`` (indexed rows sharing query q's
+    group), which holds k hits of another group. The first fetch is k plus the 90th percentile of
+    those counts. Returns (distances inf-padded, positions -1-padded),
+    (n_queries, k) — or wider, ``with_ties``, to hold every hit tied at the k-th distance.
     """
     n_index = int(index.ntotal)
-    needed = np.minimum(n_index, k + same_group_counts)
-    first_k = int(min(n_index, k + np.quantile(same_group_counts, _OVERFETCH_QUANTILE, method="higher")))
-    scores, positions = _search(index, queries, first_k, chunk_size)
-    distance, hits, counts = _keep_other_groups(scores, positions, index_groups, query_groups, k)
-    short = (counts < k) & (needed > first_k)
-    if short.any():
-        rows = np.flatnonzero(short)
-        scores, positions = _search(index, queries[rows], int(needed[rows].max()), chunk_size)
-        distance[rows], hits[rows], _ = _keep_other_groups(scores, positions, index_groups, query_groups[rows], k)
+    needed = k + same_group_counts  # enough for k hits of another group
+    margin = float32_error_bound(index.d)
+    fetch = int(min(n_index, k + np.quantile(same_group_counts, _OVERFETCH_QUANTILE, method="higher")))
+    pending = np.arange(len(queries))
+    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    while pending.size:
+        scores, positions = _search(index, queries[pending], fetch, chunk_size)
+        other = (positions >= 0) & (index_groups[np.where(positions >= 0, positions, 0)] != query_groups[pending, None])
+        hits = np.where(other, positions, -1)
+        distance, hits = _sorted_hits(exact(pending, hits), hits, k, with_ties)
+        bound = distance[:, k - 1] + (TIE_TOLERANCE if with_ties else 0.0)
+        unfetched_nearest = (1.0 - scores[:, -1].astype(np.float64)) - margin
+        done = (fetch >= n_index) | (unfetched_nearest > bound)
+        blocks.append((pending[done], distance[done], hits[done]))
+        pending = pending[~done]
+        fetch = int(min(n_index, max(2 * fetch, needed[pending].max(initial=0))))
+    width = max(block[1].shape[1] for block in blocks) if blocks else k
+    distance = np.full((len(queries), width), np.inf)
+    hits = np.full((len(queries), width), -1, dtype=np.int64)
+    for rows, block_distance, block_hits in blocks:
+        distance[rows, :block_distance.shape[1]], hits[rows, :block_hits.shape[1]] = block_distance, block_hits
     return distance, hits
 
 
@@ -241,21 +306,23 @@ def scan_neighbours(
     """The typed SO/OS distances (when ``m`` is given) and the k-NN (when ``k`` is given) of the
     anchors (default: every row), in one pass over the candidates.
 
-    ``unit``: L2-normalised float32 rows, in memory or a :class:`RowSource` (a memory-mapped store):
-    the anchors' rows are read once, the candidates ``candidate_rows`` at a time, so a search holds
-    the anchors, one candidate chunk and its indexes, never the whole matrix. Per chunk, the anchors
-    of each (biology b, confounder c) block search one flat index over the chunk's SO candidates
-    (biology b, confounder != c) and one over its OS candidates (confounder c, biology != b); the
-    k-NN search uses one index over the whole chunk. Each chunk's hits are exact
-    (:func:`search_excluding_groups`) and merged into the running best, so the result is the exact
-    search's whatever the chunking.
+    ``unit``: the feature rows as stored (normalised here: float32 for faiss, float64 for the
+    distances), in memory or a :class:`RowSource` (a memory-mapped store): the anchors' rows are read
+    once, the candidates ``candidate_rows`` at a time, so a search holds the anchors, one candidate
+    chunk and its indexes, never the whole matrix. Per chunk, the anchors of each (biology b,
+    confounder c) block search one flat index over the chunk's SO candidates (biology b, confounder
+    != c) and one over its OS candidates (confounder c, biology != b); the k-NN search uses one
+    index over the whole chunk. Each chunk's hits are exact (:func:`search_excluding_groups`) and
+    merged into the running best, so the result is the exact search's whatever the chunking. The
+    k-NN lists every neighbour tied with the k-th (:class:`Neighbours`).
     """
     rows = as_row_source(unit)
     n = len(rows)
     groups = np.asarray(groups)
     anchor_rows = np.arange(n) if anchors is None else np.asarray(anchors, dtype=np.int64)
-    whole = anchors is None and isinstance(rows, ArrayRows)  # every row a query: search the array itself
-    queries = rows.array if whole else rows.take(anchor_rows)
+    whole = anchors is None and isinstance(rows, ArrayRows)  # every row a query: read the array once
+    anchor_features = rows.array if whole else rows.take(anchor_rows)
+    queries = l2_normalise(anchor_features)
     query_groups = groups[anchor_rows]
     n_groups = int(groups.max()) + 1 if n else 0
     blocks = [] if m is None else _anchor_blocks(biology[anchor_rows], confounder[anchor_rows])
@@ -265,23 +332,37 @@ def scan_neighbours(
     knn_index = None if k is None else np.full((len(anchor_rows), k), -1, dtype=np.int64)
     for start in range(0, n, candidate_rows):
         chunk = np.arange(start, min(n, start + candidate_rows))
-        vectors = queries if anchors is None and len(chunk) == n else rows.take(chunk)
+        one_chunk = anchors is None and len(chunk) == n
+        chunk_features = anchor_features if one_chunk else rows.take(chunk)
+        vectors = queries if one_chunk else l2_normalise(chunk_features)
         chunk_groups = groups[chunk]
         for b, c, in_block in blocks:
-            block_biology, block_confounder = biology[chunk] == b, confounder[chunk] == c
-            for kind, candidates in (("so", block_biology & ~block_confounder), ("os", block_confounder & ~block_biology)):
-                distance, hits = _search_subset(vectors, np.flatnonzero(candidates), chunk_groups, n_groups,
-                                                queries[in_block], query_groups[in_block], m, chunk_size)
-                best_distance, best_index = typed[kind]
-                best_distance[in_block], best_index[in_block] = _merge_hits(
-                    best_distance[in_block], best_index[in_block], distance, np.where(hits >= 0, chunk[hits], -1))
+            _typed_chunk(typed, in_block, biology[chunk] == b, confounder[chunk] == c, chunk, vectors, chunk_groups,
+                         n_groups, queries[in_block], query_groups[in_block],
+                         ExactDistances(anchor_features[in_block], chunk_features), m, chunk_size)
         if k is not None:
             distance, hits = _search_subset(vectors, np.arange(len(chunk)), chunk_groups, n_groups, queries,
-                                            query_groups, k, chunk_size)
-            knn_distance, knn_index = _merge_hits(knn_distance, knn_index, distance, np.where(hits >= 0, chunk[hits], -1))
+                                            query_groups, k, ExactDistances(anchor_features, chunk_features), True,
+                                            chunk_size)
+            knn_distance, knn_index = _merge_hits(knn_distance, knn_index, distance,
+                                                  np.where(hits >= 0, chunk[hits], -1), k, True)
     return (None if m is None else TypedNeighbours(so=typed["so"][0], os=typed["os"][0], so_index=typed["so"][1],
                                                    os_index=typed["os"][1]),
-            None if k is None else Neighbours(index=knn_index, distance=knn_distance))
+            None if k is None else Neighbours(index=knn_index, distance=knn_distance, k=k))
+
+
+def _typed_chunk(typed: dict[str, tuple[np.ndarray, np.ndarray]], in_block: np.ndarray, same_biology: np.ndarray,
+                 same_confounder: np.ndarray, chunk: np.ndarray, vectors: np.ndarray, chunk_groups: np.ndarray,
+                 n_groups: int, queries: np.ndarray, query_groups: np.ndarray, exact: ExactDistances, m: int,
+                 chunk_size: int) -> None:
+    """Merge one candidate chunk's m nearest SO and OS hits of the anchors ``in_block`` (one
+    biology × confounder block) into ``typed`` (kind → running distances and rows)."""
+    for kind, candidates in (("so", same_biology & ~same_confounder), ("os", same_confounder & ~same_biology)):
+        distance, hits = _search_subset(vectors, np.flatnonzero(candidates), chunk_groups, n_groups, queries,
+                                        query_groups, m, exact, False, chunk_size)
+        best_distance, best_index = typed[kind]
+        best_distance[in_block], best_index[in_block] = _merge_hits(
+            best_distance[in_block], best_index[in_block], distance, np.where(hits >= 0, chunk[hits], -1), m, False)
 
 
 def _anchor_blocks(biology: np.ndarray, confounder: np.ndarray) -> list[tuple[object, object, np.ndarray]]:
@@ -291,25 +372,27 @@ def _anchor_blocks(biology: np.ndarray, confounder: np.ndarray) -> list[tuple[ob
 
 
 def _search_subset(vectors: np.ndarray, subset: np.ndarray, subset_groups: np.ndarray, n_groups: int,
-                   queries: np.ndarray, query_groups: np.ndarray, k: int,
+                   queries: np.ndarray, query_groups: np.ndarray, k: int, exact: ExactDistances, with_ties: bool,
                    chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact k nearest other-group hits among ``vectors[subset]``: (distances inf-padded, positions
-    in ``vectors`` -1-padded)."""
+    """Exact k nearest other-group hits among ``vectors[subset]`` (``exact``: float64 distances of
+    the queries to the rows of ``vectors``): (distances inf-padded, positions in ``vectors`` -1-padded)."""
     if subset.size == 0 or len(queries) == 0:
         return np.full((len(queries), k), np.inf), np.full((len(queries), k), -1, dtype=np.int64)
     candidate_groups = subset_groups[subset]
     same_group = np.bincount(candidate_groups, minlength=n_groups)[query_groups]
     indexed = vectors if subset.size == len(vectors) else vectors[subset]  # subsets are sorted and unique
-    distance, hits = search_excluding_groups(_flat_index(indexed), candidate_groups, queries,
-                                             query_groups, k, same_group, chunk_size)
+
+    def subset_distances(query_positions: np.ndarray, hits: np.ndarray) -> np.ndarray:
+        return exact(query_positions, np.where(hits >= 0, subset[hits], -1))
+
+    distance, hits = search_excluding_groups(_flat_index(indexed), candidate_groups, queries, query_groups, k,
+                                             same_group, subset_distances, with_ties=with_ties, chunk_size=chunk_size)
     return distance, np.where(hits >= 0, subset[hits], -1)
 
 
-def _merge_hits(distance: np.ndarray, index: np.ndarray, new_distance: np.ndarray,
-                new_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest of two hit lists per row (ties: the earlier list first, then its order)."""
-    k = distance.shape[1]
-    both = np.concatenate([distance, new_distance], axis=1)
-    order = np.argsort(both, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(both, order, axis=1), np.take_along_axis(np.concatenate([index, new_index], axis=1),
-                                                                      order, axis=1)
+def _merge_hits(distance: np.ndarray, index: np.ndarray, new_distance: np.ndarray, new_index: np.ndarray, k: int,
+                with_ties: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest of two hit lists per row (equal distances by row index), and — ``with_ties`` —
+    every hit tied with the k-th."""
+    return _sorted_hits(np.concatenate([distance, new_distance], axis=1), np.concatenate([index, new_index], axis=1),
+                        k, with_ties)

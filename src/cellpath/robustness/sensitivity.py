@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike
 from cellpath.robustness.agreement import spearman
 from cellpath.robustness.metrics import croma_margins, fraction_non_positive, lower_tail, median_margin
 from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, DEFAULT_CHUNK_SIZE, RowSource, typed_neighbours
-from cellpath.robustness.validation import check_at_least_one, check_typed_support, encode_labels, unit_rows
+from cellpath.robustness.validation import check_at_least_one, check_typed_support, encode_labels, feature_rows
 
 SWEEP_COLUMNS = ["parameter", "value", "croma_median", "f0", "ltm", "n_undefined"]
 
@@ -38,7 +38,7 @@ def margin_sweep(features: ArrayLike | RowSource, biology: ArrayLike, confounder
     m_values = [check_at_least_one("m", m) for m in m_values]
     if not m_values:
         raise ValueError("m_values is empty")
-    unit = unit_rows(features, candidate_rows)
+    unit = feature_rows(features, candidate_rows)
     labels = encode_labels(len(unit), biology, confounder, group)
     largest = max(m_values)
     check_typed_support(labels, largest)

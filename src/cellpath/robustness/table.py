@@ -33,7 +33,7 @@ from cellpath.robustness.validation import (
     check_fraction,
     check_typed_support,
     encode_labels,
-    unit_rows,
+    feature_rows,
 )
 
 
@@ -159,7 +159,7 @@ def score_embeddings(
     """
     if frame is not None:
         biology, confounder, group = _columns(frame, [biology, confounder, group])
-    unit = unit_rows(features, candidate_rows)
+    unit = feature_rows(features, candidate_rows)
     n = len(unit)
     m = check_at_least_one("m", m)
     alpha = check_fraction("alpha", alpha)
@@ -188,15 +188,16 @@ def _neighbourhood_scores(nearest, labels, k_values: list[int], fixed_k: bool, t
                           rows: np.ndarray | None) -> dict:
     """RI, MaRI and the k-NN probes at the k used: the fixed k, or the first maximiser of the
     biological k-NN balanced accuracy over ``k_values`` (k*)."""
-    bio_curve = knn_balanced_accuracy(nearest.index, labels.biology, k_values, rows)
+    bio_curve = knn_balanced_accuracy(nearest.index, nearest.distance, labels.biology, k_values, rows)
     k_used = k_values[0] if fixed_k else select_k(bio_curve, k_values)
-    ri = robustness_index(nearest.index, labels.biology, labels.confounder, k_used, rows)
+    ri = robustness_index(nearest.index, nearest.distance, labels.biology, labels.confounder, k_used, rows)
     mari = margin_aware_robustness_index(
         nearest.index, nearest.distance, labels.biology, labels.confounder, k_used, tau, rows
     )
     return {"k": k_used, "ri": ri.value, "mari": mari.value, "support": ri.support, "tau": mari.tau,
             "ri_samples": ri.samples, "mari_samples": mari.samples, "bio_bacc": bio_curve[k_used],
-            "conf_bacc": knn_balanced_accuracy(nearest.index, labels.confounder, [k_used], rows)[k_used],
+            "conf_bacc": knn_balanced_accuracy(nearest.index, nearest.distance, labels.confounder, [k_used],
+                                               rows)[k_used],
             "bio_bacc_by_k": bio_curve, "ri_parts": (ri.so_weight, ri.typed_weight),
             "mari_parts": (mari.so_weight, mari.typed_weight)}
 

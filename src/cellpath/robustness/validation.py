@@ -1,7 +1,8 @@
 """Input checks and label encoding for the robustness metrics: one clear ValueError per problem.
 
-Labels of any hashable type are encoded as integer codes in order of first appearance
-(``pandas.factorize``), the order croma uses, so that k-NN vote ties resolve the same way.
+Labels of any hashable type are encoded as integer codes in sorted order of their values
+(``pandas.factorize(sort=True)``), so that a k-NN vote tie goes to the same label whatever the
+order of the samples (croma codes labels in order of first appearance; docs/decisions/0039).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, ArrayRows, NormalisedRows, RowSource, l2_normalise
+from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, ArrayRows, RowSource
 
 
 @dataclass(frozen=True)
 class Labels:
-    """Integer-coded labels of n samples (codes 0..levels-1, order of first appearance).
+    """Integer-coded labels of n samples (codes 0..levels-1 in sorted order of the values).
 
     ``group`` is the physical unit a sample was cut from (image patch, spatial tile, slide):
     samples sharing a group are never each other's neighbours.
@@ -68,13 +69,6 @@ def feature_rows(features: ArrayLike | RowSource, candidate_rows: int = DEFAULT_
     return features
 
 
-def unit_rows(features: ArrayLike | RowSource, candidate_rows: int = DEFAULT_CANDIDATE_ROWS) -> RowSource:
-    """The checked features (:func:`feature_rows`) as L2-normalised rows for the searches: an array
-    normalised once, a row source as it is read."""
-    rows = feature_rows(features, candidate_rows)
-    return ArrayRows(l2_normalise(rows.array)) if isinstance(rows, ArrayRows) else NormalisedRows(rows)
-
-
 def check_at_least_one(name: str, value: int) -> int:
     """``value`` as an int, or a ValueError when it is below 1."""
     if int(value) != value or int(value) < 1:
@@ -90,11 +84,11 @@ def check_fraction(name: str, value: float) -> float:
 
 
 def encode(name: str, values: ArrayLike, n_samples: int) -> np.ndarray:
-    """Integer codes (order of first appearance) for one label array of length ``n_samples``."""
+    """Integer codes (sorted order of the values) for one label array of length ``n_samples``."""
     array = np.asarray(values)
     if array.ndim != 1 or len(array) != n_samples:
         raise ValueError(f"{name} must be a 1-D array with one entry per sample ({n_samples}), got shape {array.shape}")
-    codes, _ = pd.factorize(array)
+    codes, _ = pd.factorize(array, sort=True)
     missing = int(np.count_nonzero(codes < 0))
     if missing:
         raise ValueError(f"{name} has {missing} missing value(s); every sample needs a {name} label")

@@ -122,11 +122,11 @@ def test_ri_and_mari_on_a_hand_neighbour_table():
     # anchor 4 (b0,c0): neighbours 0 (SS), -1, -1        -> no typed neighbour: outside support
     index = np.array([[1, 2, 4], [3, 0, 2], [0, 4, 3], [2, -1, -1], [0, -1, -1]])
     distance = np.array([[0.1, 0.3, 0.5], [0.2, 0.4, 0.6], [0.1, 0.2, 0.3], [0.4, np.inf, np.inf], [0.1, np.inf, np.inf]])
-    ri = robustness_index(index, biology, confounder, 3)
+    ri = robustness_index(index, distance, biology, confounder, 3)
     assert ri.value == pytest.approx(0.5)  # pooled SO 1+1+1+1 = 4, OS 1+1+2 = 4
     np.testing.assert_allclose(ri.samples, [0.5, 0.5, 1 / 3, 1.0, np.nan])
     assert ri.support == 0.8
-    assert robustness_index(index, biology, confounder, 1).value == pytest.approx(0.5)  # SO at anchors 0, 3; OS at 1, 2
+    assert robustness_index(index, distance, biology, confounder, 1).value == pytest.approx(0.5)  # SO at anchors 0, 3; OS at 1, 2
     mari = margin_aware_robustness_index(index, distance, biology, confounder, 3, tau=0.5)
     w = lambda d: np.exp(-d / 0.5)  # noqa: E731
     so = w(0.1) + w(0.4) + w(0.3) + w(0.4)
@@ -140,7 +140,8 @@ def test_ri_and_mari_on_a_hand_neighbour_table():
 def test_knn_balanced_accuracy_and_k_selection():
     labels = np.array([0, 0, 1, 1, 2])
     index = np.array([[1, 2, 3], [0, 2, 4], [3, 0, 1], [0, 1, 2], [3, -1, -1]])
-    scores = knn_balanced_accuracy(index, labels, [1, 3])
+    distance = np.where(index >= 0, [[0.1, 0.2, 0.3]], np.inf)
+    scores = knn_balanced_accuracy(index, distance, labels, [1, 3])
     # k=1: predictions 0,0,1,0,1 -> recalls 1, 1/2, 0 -> 1/2
     # k=3: [0,1,1]->1, [0,1,2] tie->0, [1,0,0]->0, [0,0,1]->0, [1]->1 -> recalls 1/2, 0, 0 -> 1/6
     assert scores == {1: pytest.approx(0.5), 3: pytest.approx(1 / 6)}
@@ -181,7 +182,7 @@ def test_k_selection_and_knn_probes_match_croma(seeded):
     assert ours.k == ri.k == mari.k
     assert abs(ours.ri - ri.value) < TOL and abs(ours.mari - mari.value) < TOL
     for labels, ours_scores in ((bio, ours.bio_bacc_by_k), (conf, {ours.k: ours.conf_bacc})):
-        codes = pd.factorize(labels)[0]  # label codes by first appearance, as cellpath and croma number them
+        codes = pd.factorize(labels, sort=True)[0]  # label codes in sorted order, as cellpath numbers them
         reference = _brute_force_knn_balanced_accuracy(x, codes, group, list(ours_scores))
         assert max(abs(reference[k] - ours_scores[k]) for k in ours_scores) < TOL
 
