@@ -6,7 +6,7 @@ unit a sample was cut from (image patch, spatial tile, slide); candidates sharin
 (the anchor included) are never its neighbours.
 
 faiss (``IndexFlatIP`` on float32 unit rows) proposes candidates; every proposed hit's distance is
-then computed in float64 from the rows as read (:class:`ExactDistances`) and the hits ranked by it,
+then computed in float64 from the rows as read (:class:`ExactRows`) and the hits ranked by it,
 so that near-duplicate rows (the Mean readout: every cell of a patch shares one vector) keep their
 true order and bitwise-equal rows tie exactly. A fetch is extended until every row left out is
 provably farther (:func:`float32_error_bound`), so results are exact. Distances within
@@ -42,7 +42,7 @@ _GPU_MAX_K = 2048
 _OVERFETCH_QUANTILE = 0.9
 #: Cosine distances closer than this are tied (a float64 distance is exact to about 1e-15).
 TIE_TOLERANCE = 1e-12
-#: Bytes of float64 (query, hit, feature) differences formed at a time by :class:`ExactDistances`.
+#: Bytes of float64 gathered rows or distances formed at a time by :class:`ExactRows`.
 _PAIR_BLOCK_BYTES = 32 * 1024**2
 
 
@@ -151,6 +151,12 @@ def float32_error_bound(width: int) -> float:
     return 1.01 * (width + 4) * 2.0**-24
 
 
+def float64_error_bound(width: int) -> float:
+    """An upper bound on how far two float64 evaluations of ``1 - x̂·ŷ`` (unit rows of ``width``
+    features, summed in different orders) can be apart: ``(width + 4) · 2⁻⁵²``."""
+    return (width + 4) * 2.0**-52
+
+
 def l2_normalise_exact(features: np.ndarray) -> np.ndarray:
     """Rows (any leading shape) divided by ``norm + 1e-12`` in float64: the rows every distance is
     computed from (croma's convention; a zero row stays zero)."""
@@ -159,34 +165,67 @@ def l2_normalise_exact(features: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ExactDistances:
-    """Cosine distances in float64 between query rows and candidate rows, as read (``queries``,
-    ``candidates``: raw feature rows, normalised here in float64).
-
-    ``1 - cos`` is computed as ``½‖x̂ − ŷ‖² + 1 − ½(‖x̂‖² + ‖ŷ‖²)``, which is ``1 - x̂·ŷ`` exactly but
-    keeps its precision where the distance is tiny (near-duplicate rows), and is clipped to [0, 2].
-    Rows that are bitwise equal get bitwise equal distances.
-    """
+class ExactRows:
+    """Float64 cosine distances between query rows and candidate rows, from the rows as read
+    (``queries``; ``candidates`` with their ``groups``), normalised here in float64:
+    ``d = 1 - x̂·ŷ`` clipped to [0, 2]. Exact to about 1e-15, so that near-duplicate rows keep their
+    true order, and rows that are bitwise equal lie within :data:`TIE_TOLERANCE` of each other."""
 
     queries: np.ndarray
     candidates: np.ndarray
+    groups: np.ndarray
 
-    def __call__(self, query_positions: np.ndarray, hits: np.ndarray) -> np.ndarray:
+    def pairs(self, query_positions: np.ndarray, hits: np.ndarray) -> np.ndarray:
         """(n, W) distances of query ``query_positions[i]`` to candidates ``hits[i]`` (-1: inf)."""
         out = np.full(hits.shape, np.inf)
         if hits.size == 0:
             return out
-        width = self.queries.shape[1]
-        block = max(1, _PAIR_BLOCK_BYTES // (8 * width * hits.shape[1]))
+        block = max(1, _PAIR_BLOCK_BYTES // (8 * self.queries.shape[1] * hits.shape[1]))
         for start in range(0, len(hits), block):
             rows = hits[start:start + block]
-            found = rows >= 0
             query = l2_normalise_exact(self.queries[query_positions[start:start + block]])[:, None, :]
-            candidate = l2_normalise_exact(self.candidates[np.where(found, rows, 0)])
-            half_square = 0.5 * np.square(query - candidate).sum(axis=2)
-            norm_gap = 1.0 - 0.5 * (np.square(query).sum(axis=2) + np.square(candidate).sum(axis=2))
-            out[start:start + block] = np.where(found, np.clip(half_square + norm_gap, 0.0, 2.0), np.inf)
+            candidate = l2_normalise_exact(self.candidates[np.where(rows >= 0, rows, 0)])
+            cosine = (query * candidate).sum(axis=2)  # one pairwise sum per pair: the same bits in any batch
+            out[start:start + block] = np.where(rows >= 0, np.clip(1.0 - cosine, 0.0, 2.0), np.inf)
         return out
+
+    def nearest(self, query_positions: np.ndarray, query_groups: np.ndarray, k: int,
+                with_ties: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Brute force: every candidate's distance to each query by float64 matrix products (a block
+        of queries at a time), own group excluded; the candidates within the k-th distance (and its
+        ties), widened by the products' rounding bound, are then measured again by :meth:`pairs`
+        and cut by :func:`_sorted_hits`, so a distance never depends on the block it came in."""
+        candidates = l2_normalise_exact(self.candidates)
+        take = min(k, len(candidates))
+        block = max(1, _PAIR_BLOCK_BYTES // (8 * max(1, len(candidates))))
+        slack = 2 * float64_error_bound(candidates.shape[1]) + (TIE_TOLERANCE if with_ties else 0.0)
+        parts = []
+        for start in range(0, len(query_positions), block):
+            queries = l2_normalise_exact(self.queries[query_positions[start:start + block]])
+            distance = np.clip(1.0 - queries @ candidates.T, 0.0, 2.0)
+            distance[query_groups[start:start + block, None] == self.groups[None, :]] = np.inf
+            kth = np.partition(distance, take - 1, axis=1)[:, take - 1:take]
+            chosen = np.isfinite(distance) & (distance <= kth + slack)
+            row, column = np.nonzero(chosen)
+            counts = np.bincount(row, minlength=len(distance))
+            slot = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+            positions = np.full((len(distance), max(take, int(counts.max(initial=0)))), -1, dtype=np.int64)
+            positions[row, slot] = column
+            found = self.pairs(query_positions[start:start + block], positions)
+            parts.append(_sorted_hits(found, positions, k, with_ties))
+        return _stack_padded(parts, len(query_positions), k)
+
+
+def _stack_padded(parts: list[tuple[np.ndarray, np.ndarray]], n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row blocks of (distances, positions) of differing widths as one inf / -1-padded pair."""
+    width = max([k, *(part[0].shape[1] for part in parts)])
+    distance, index = np.full((n, width), np.inf), np.full((n, width), -1, dtype=np.int64)
+    start = 0
+    for part_distance, part_index in parts:
+        stop = start + len(part_distance)
+        distance[start:stop, :part_distance.shape[1]], index[start:stop, :part_index.shape[1]] = part_distance, part_index
+        start = stop
+    return distance, index
 
 
 def _sorted_hits(distance: np.ndarray, index: np.ndarray, k: int, with_ties: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -213,44 +252,68 @@ def search_excluding_groups(
     query_groups: np.ndarray,
     k: int,
     same_group_counts: np.ndarray,
-    exact: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    exact: ExactRows,
     *,
     with_ties: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest hits in ``index`` whose group differs from the query's, by exact distance.
 
-    faiss ranks in float32; ``exact(query_positions, hits)`` gives the float64 distances the hits
-    are ordered by. A query's fetch is complete when every row it did not fetch is provably farther
-    than its k-th exact distance (and, ``with_ties``, farther than everything tied with it): the
-    float32 distance of its last fetch, less :func:`float32_error_bound`, must exceed it; otherwise
-    the fetch is doubled, and at least ``k + same_group_counts[q]`` (indexed rows sharing query q's
-    group), which holds k hits of another group. The first fetch is k plus the 90th percentile of
-    those counts. Returns (distances inf-padded, positions -1-padded),
-    (n_queries, k) — or wider, ``with_ties``, to hold every hit tied at the k-th distance.
+    faiss proposes in float32 and ``exact`` (the same rows, as read) ranks the proposals in float64.
+    ``same_group_counts[q]`` is how many indexed rows share query q's group: the first fetch adds
+    their 90th percentile to k, and queries left with fewer than k other-group hits are re-fetched
+    with ``k + same_group_counts``. A query's proposals are complete when every row not fetched is
+    provably farther than its k-th exact distance (and, ``with_ties``, than everything tied with it):
+    its last float32 distance less :func:`float32_error_bound` exceeds it. Queries where that cannot
+    be shown (distances all within float32's error of each other, as for near-duplicate rows) are
+    searched by brute force in float64 (:meth:`ExactRows.nearest`). Returns (distances inf-padded,
+    positions -1-padded), (n_queries, k), or wider ``with_ties`` to hold every hit tied with the k-th.
     """
     n_index = int(index.ntotal)
-    needed = k + same_group_counts  # enough for k hits of another group
-    margin = float32_error_bound(index.d)
-    fetch = int(min(n_index, k + np.quantile(same_group_counts, _OVERFETCH_QUANTILE, method="higher")))
-    pending = np.arange(len(queries))
-    blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    while pending.size:
-        scores, positions = _search(index, queries[pending], fetch, chunk_size)
-        other = (positions >= 0) & (index_groups[np.where(positions >= 0, positions, 0)] != query_groups[pending, None])
-        hits = np.where(other, positions, -1)
-        distance, hits = _sorted_hits(exact(pending, hits), hits, k, with_ties)
-        bound = distance[:, k - 1] + (TIE_TOLERANCE if with_ties else 0.0)
-        unfetched_nearest = (1.0 - scores[:, -1].astype(np.float64)) - margin
-        done = (fetch >= n_index) | (unfetched_nearest > bound)
-        blocks.append((pending[done], distance[done], hits[done]))
-        pending = pending[~done]
-        fetch = int(min(n_index, max(2 * fetch, needed[pending].max(initial=0))))
-    width = max(block[1].shape[1] for block in blocks) if blocks else k
-    distance = np.full((len(queries), width), np.inf)
-    hits = np.full((len(queries), width), -1, dtype=np.int64)
-    for rows, block_distance, block_hits in blocks:
-        distance[rows, :block_distance.shape[1]], hits[rows, :block_hits.shape[1]] = block_distance, block_hits
+    positions_all = np.arange(len(queries))
+    first_k = int(min(n_index, k + np.quantile(same_group_counts, _OVERFETCH_QUANTILE, method="higher")))
+    distance, hits, last = _proposals(index, index_groups, queries, query_groups, positions_all, first_k, exact, k,
+                                      with_ties, chunk_size)
+    needed = np.minimum(n_index, k + same_group_counts)
+    short = (~np.isfinite(distance[:, k - 1])) & (needed > first_k)
+    if short.any():
+        rows = np.flatnonzero(short)
+        refetched = _proposals(index, index_groups, queries[rows], query_groups[rows], rows, int(needed[rows].max()),
+                               exact, k, with_ties, chunk_size)
+        distance, hits = _replace_rows(distance, hits, rows, *refetched[:2])
+        last[rows] = refetched[2]
+    bound = distance[:, k - 1] + (TIE_TOLERANCE if with_ties else 0.0)
+    unsure = np.flatnonzero(~((last >= n_index) | (last - float32_error_bound(index.d) > bound)))
+    if unsure.size:
+        distance, hits = _replace_rows(distance, hits, unsure,
+                                       *exact.nearest(unsure, query_groups[unsure], k, with_ties))
+    return distance, hits
+
+
+def _proposals(index: faiss.Index, index_groups: np.ndarray, queries: np.ndarray, query_groups: np.ndarray,
+               query_positions: np.ndarray, fetch: int, exact: ExactRows, k: int, with_ties: bool,
+               chunk_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """faiss's ``fetch`` best hits of other groups ranked by exact distance, and per query the float32
+    distance of the last hit fetched (``n_index`` — a sentinel above any distance — when every row was)."""
+    scores, positions = _search(index, queries, fetch, chunk_size)
+    found = positions >= 0
+    hits = np.where(found & (index_groups[np.where(found, positions, 0)] != query_groups[:, None]), positions, -1)
+    distance, hits = _sorted_hits(exact.pairs(query_positions, hits), hits, k, with_ties)
+    exhausted = fetch >= int(index.ntotal)
+    last = np.full(len(queries), float(index.ntotal)) if exhausted else 1.0 - scores[:, -1].astype(np.float64)
+    return distance, hits, last
+
+
+def _replace_rows(distance: np.ndarray, hits: np.ndarray, rows: np.ndarray, new_distance: np.ndarray,
+                  new_hits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``distance`` / ``hits`` with ``rows`` replaced, widened (inf / -1) where the new rows are wider."""
+    width = max(distance.shape[1], new_distance.shape[1])
+    if width > distance.shape[1]:
+        pad = width - distance.shape[1]
+        distance = np.pad(distance, ((0, 0), (0, pad)), constant_values=np.inf)
+        hits = np.pad(hits, ((0, 0), (0, pad)), constant_values=-1)
+    distance[rows], hits[rows] = np.inf, -1
+    distance[rows, :new_distance.shape[1]], hits[rows, :new_hits.shape[1]] = new_distance, new_hits
     return distance, hits
 
 
@@ -339,11 +402,10 @@ def scan_neighbours(
         for b, c, in_block in blocks:
             _typed_chunk(typed, in_block, biology[chunk] == b, confounder[chunk] == c, chunk, vectors, chunk_groups,
                          n_groups, queries[in_block], query_groups[in_block],
-                         ExactDistances(anchor_features[in_block], chunk_features), m, chunk_size)
+                         anchor_features[in_block], chunk_features, m, chunk_size)
         if k is not None:
-            distance, hits = _search_subset(vectors, np.arange(len(chunk)), chunk_groups, n_groups, queries,
-                                            query_groups, k, ExactDistances(anchor_features, chunk_features), True,
-                                            chunk_size)
+            distance, hits = _search_subset(vectors, chunk_features, np.arange(len(chunk)), chunk_groups, n_groups,
+                                            queries, anchor_features, query_groups, k, True, chunk_size)
             knn_distance, knn_index = _merge_hits(knn_distance, knn_index, distance,
                                                   np.where(hits >= 0, chunk[hits], -1), k, True)
     return (None if m is None else TypedNeighbours(so=typed["so"][0], os=typed["os"][0], so_index=typed["so"][1],
@@ -353,13 +415,13 @@ def scan_neighbours(
 
 def _typed_chunk(typed: dict[str, tuple[np.ndarray, np.ndarray]], in_block: np.ndarray, same_biology: np.ndarray,
                  same_confounder: np.ndarray, chunk: np.ndarray, vectors: np.ndarray, chunk_groups: np.ndarray,
-                 n_groups: int, queries: np.ndarray, query_groups: np.ndarray, exact: ExactDistances, m: int,
-                 chunk_size: int) -> None:
+                 n_groups: int, queries: np.ndarray, query_groups: np.ndarray, query_features: np.ndarray,
+                 chunk_features: np.ndarray, m: int, chunk_size: int) -> None:
     """Merge one candidate chunk's m nearest SO and OS hits of the anchors ``in_block`` (one
     biology × confounder block) into ``typed`` (kind → running distances and rows)."""
     for kind, candidates in (("so", same_biology & ~same_confounder), ("os", same_confounder & ~same_biology)):
-        distance, hits = _search_subset(vectors, np.flatnonzero(candidates), chunk_groups, n_groups, queries,
-                                        query_groups, m, exact, False, chunk_size)
+        distance, hits = _search_subset(vectors, chunk_features, np.flatnonzero(candidates), chunk_groups, n_groups,
+                                        queries, query_features, query_groups, m, False, chunk_size)
         best_distance, best_index = typed[kind]
         best_distance[in_block], best_index[in_block] = _merge_hits(
             best_distance[in_block], best_index[in_block], distance, np.where(hits >= 0, chunk[hits], -1), m, False)
@@ -371,22 +433,21 @@ def _anchor_blocks(biology: np.ndarray, confounder: np.ndarray) -> list[tuple[ob
     return [(b, c, np.flatnonzero((biology == b) & (confounder == c))) for b, c in blocks]
 
 
-def _search_subset(vectors: np.ndarray, subset: np.ndarray, subset_groups: np.ndarray, n_groups: int,
-                   queries: np.ndarray, query_groups: np.ndarray, k: int, exact: ExactDistances, with_ties: bool,
-                   chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact k nearest other-group hits among ``vectors[subset]`` (``exact``: float64 distances of
-    the queries to the rows of ``vectors``): (distances inf-padded, positions in ``vectors`` -1-padded)."""
+def _search_subset(vectors: np.ndarray, chunk_features: np.ndarray, subset: np.ndarray, subset_groups: np.ndarray,
+                   n_groups: int, queries: np.ndarray, query_features: np.ndarray, query_groups: np.ndarray, k: int,
+                   with_ties: bool, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact k nearest other-group hits among the chunk's rows ``subset`` (``vectors``: float32 unit
+    rows for faiss; ``chunk_features`` / ``query_features``: the rows as read, for the float64
+    distances): (distances inf-padded, positions in the chunk -1-padded)."""
     if subset.size == 0 or len(queries) == 0:
         return np.full((len(queries), k), np.inf), np.full((len(queries), k), -1, dtype=np.int64)
     candidate_groups = subset_groups[subset]
     same_group = np.bincount(candidate_groups, minlength=n_groups)[query_groups]
-    indexed = vectors if subset.size == len(vectors) else vectors[subset]  # subsets are sorted and unique
-
-    def subset_distances(query_positions: np.ndarray, hits: np.ndarray) -> np.ndarray:
-        return exact(query_positions, np.where(hits >= 0, subset[hits], -1))
-
+    whole = subset.size == len(vectors)  # subsets are sorted and unique
+    indexed = vectors if whole else vectors[subset]
+    exact = ExactRows(query_features, chunk_features if whole else chunk_features[subset], candidate_groups)
     distance, hits = search_excluding_groups(_flat_index(indexed), candidate_groups, queries, query_groups, k,
-                                             same_group, subset_distances, with_ties=with_ties, chunk_size=chunk_size)
+                                             same_group, exact, with_ties=with_ties, chunk_size=chunk_size)
     return distance, np.where(hits >= 0, subset[hits], -1)
 
 
