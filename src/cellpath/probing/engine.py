@@ -131,10 +131,17 @@ class Design:
 
     def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         """At most ``SAMPLE_ROWS`` (streamed: and one chunk) evenly spaced feature rows per task
-        (T, m, D) float32, zero past a task's own rows, and how many of them are the task's (T,)."""
+        (T, m, D) float32, zero past a task's own rows, and how many of them are the task's (T,).
+        A task's rows are spaced by its own size, so its sample is the same in any group."""
         if self.held is not None:
-            step = -(-self.n // SAMPLE_ROWS)
-            return self.held[:, ::step, :-1], torch.ceil(self.counts / step)
+            steps = [-(-len(rows) // SAMPLE_ROWS) for rows in self.rows]
+            if len(set(steps)) == 1:  # a view, no copy
+                return self.held[:, ::steps[0], :-1], torch.ceil(self.counts / steps[0])
+            taken = [torch.arange(0, len(rows), step, device=self.held.device) for rows, step in zip(self.rows, steps)]
+            x = self.held.new_zeros((len(self.rows), max(len(t) for t in taken), self.held.shape[2] - 1))
+            for t, positions in enumerate(taken):
+                x[t, :len(positions)] = self.held[t, positions, :-1]
+            return x, self.counts.new_tensor([len(t) for t in taken])
         rows = self.rows[0][::-(-self.n // min(SAMPLE_ROWS, self.chunk_rows))]  # within the memory budget
         block = design_block(self.source.take(rows), self.scalers[0])[:, :-1]
         return torch.from_numpy(block)[None].to(self.device), self.counts.new_tensor([len(rows)])

@@ -1,0 +1,73 @@
+"""A probe run's result does not depend on the runs fitted beside it (docs/decisions/0039-tie-rules.md):
+a whole condition fitted as the stage fits it, task by task, in subsets (a one-protocol experiment)
+and under a budget that groups and streams it otherwise gives the same C — except where the
+validation Macro-F1 of two Cs tied exactly — and test Macro-F1 within 0.1 pp."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cellpath.probing import engine
+from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks
+
+MACRO_F1_POINTS = 0.1
+
+
+def _condition(seed: int = 0, n: int = 4000, d: int = 32, k: int = 6):
+    """Correlated features (a power-law spectrum, as foundation-model features have) of k imbalanced
+    classes, and 18 tasks of 150-600 training cells on overlapping rows, as one condition's runs."""
+    rng = np.random.default_rng(seed)
+    priors = np.array([0.35, 0.25, 0.15, 0.12, 0.08, 0.05])[:k]
+    y = rng.choice(k, n, p=priors / priors.sum())
+    spectrum = np.arange(1, d + 1) ** -1.2
+    basis = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    noise = (rng.standard_normal((n, d)) * np.sqrt(spectrum)) @ basis.T
+    x = (noise + 0.25 * rng.standard_normal((k, d))[y] @ np.diag(np.sqrt(spectrum))).astype(np.float16)
+    tasks = []
+    for size in rng.integers(150, 600, 18):
+        rows = rng.permutation(n)
+        tasks.append(ProbeTask(np.sort(rows[:size]), np.sort(rows[size:size + 300]),
+                               np.sort(rows[size + 300:size + 900]), np.arange(k)))
+    return x, y, tasks
+
+
+def _agree(reference, other) -> None:
+    for a, b in zip(reference, other):
+        assert a.chosen_c == b.chosen_c or a.tied_cs > 1 or b.tied_cs > 1
+        if a.chosen_c == b.chosen_c:
+            assert 100 * abs(a.macro_f1 - b.macro_f1) <= MACRO_F1_POINTS
+
+
+def test_a_condition_gives_the_same_results_whatever_its_company():
+    x, y, tasks = _condition()
+    stage = fit_tasks(x, y, 6, tasks)
+    assert sum(result.tied_cs == 1 for result in stage) >= 15  # most choices are not ties
+    _agree(stage, [fit_tasks(x, y, 6, [task])[0] for task in tasks])
+    _agree(stage, fit_tasks(x, y, 6, tasks[:7]) + fit_tasks(x, y, 6, tasks[7:]))
+    _agree(stage, fit_tasks(x, y, 6, tasks, batch_memory_mb=0.2))  # groups of two or three, some streamed
+    _agree(stage, fit_tasks(x, y, 6, tasks[::-1])[::-1])
+
+
+def test_a_task_estimates_its_preconditioner_from_the_same_rows_in_any_group(monkeypatch):
+    monkeypatch.setattr(engine, "SAMPLE_ROWS", 64)
+    x = np.random.default_rng(0).standard_normal((900, 8)).astype(np.float32)
+    source, scaler = InMemoryRows(x), (np.zeros(8), np.ones(8))
+    small, large = np.arange(0, 300, 2), np.arange(300, 900)  # 150 rows: every 3rd sampled; 600: every 10th
+    alone_sample, alone_count = engine.Design(source, [small], [scaler], 10**6, "cpu").sample()
+    group_sample, group_count = engine.Design(source, [small, large], [scaler, scaler], 10**6, "cpu").sample()
+    assert alone_count.tolist() == [50] and group_count.tolist() == [50, 60]
+    np.testing.assert_array_equal(group_sample[0, :50].numpy(), alone_sample[0, :50].numpy())
+    np.testing.assert_array_equal(alone_sample[0, :50].numpy(), x[small][::3])
+    np.testing.assert_array_equal(group_sample[1, :60].numpy(), x[large][::10])
+
+
+def test_tied_validation_scores_choose_the_smallest_c_in_every_company():
+    """Every C perfect on validation: a four-way tie, the smallest C alone and in a group."""
+    rng = np.random.default_rng(1)
+    y = np.repeat([0, 1], 400)
+    x = (rng.standard_normal((800, 6)) + 6.0 * y[:, None]).astype(np.float32)
+    task = ProbeTask(np.arange(0, 800, 2), np.arange(1, 800, 4), np.arange(3, 800, 4), np.array([0, 1]))
+    other = ProbeTask(np.arange(0, 700, 2), np.arange(1, 700, 4), np.arange(3, 700, 4), np.array([0, 1]))
+    alone = fit_tasks(x, y, 2, [task])[0]
+    grouped = fit_tasks(x, y, 2, [other, task])[1]
+    assert (alone.chosen_c, alone.tied_cs) == (grouped.chosen_c, grouped.tied_cs) == (0.01, 4)
