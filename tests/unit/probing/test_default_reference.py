@@ -1,15 +1,19 @@
-"""The default's run table against the reference kept in tests/data: what the probe engine changed.
+"""The default's run table against the reference kept in tests/data: what the probe engine changed,
+and the tolerance across machines.
 
 ``tests/data/probe_reference/default_runs.csv`` is the default ``dvc repro``'s run table (keys, status,
 chosen C, test Macro-F1) fitted with the per-fit scipy L-BFGS-B before the probe engine (commit
-c29ec37, 2026-12-05; tests/data/probe_reference/README.md). ``reports/tables/probe_runs.csv`` is the
-current default run's, which the report stage writes and git keeps. Every run must be planned and
-skipped alike and choose the same C; test Macro-F1 within 0.1 pp on at least 99 % of runs and
-within 1 pp on every one. Both tables fit every (run, C) to the default's tolerance, 1e-6 on the
-largest gradient entry, and on ill-conditioned runs (weak L2, concatenated readouts) two fits that
-meet it can still move a few test cells: on 2026-12-05, 966 of the 990 runs had the same Macro-F1,
-986 were within 0.1 pp and the largest gap was 0.50 pp, on a run where scikit-learn at tol 1e-10
-gives the engine's figure, not the reference's (docs/decisions/0038-probe-engine.md).
+c29ec37, 2026-12-05, on an AMD EPYC; tests/data/probe_reference/README.md). ``reports/tables/probe_runs.csv``
+is the current default run's, which the report stage writes and git keeps, and which ``make run``
+rewrites on the machine it runs on. The stated tolerance (docs/decisions/0039-tie-rules.md): every
+run planned and skipped alike; the same C, except where this run's validation Macro-F1 tied exactly
+between Cs (``c_tied`` > 1: the fits of tied Cs can then fall either way by a rounding on another
+CPU, and the rule takes the smallest C of the tie); test Macro-F1 within 0.1 pp on at least 99 % of
+runs and within 1 pp on every one. Both tables fit every (run, C) to the default's tolerance, 1e-6 on
+the largest gradient entry, and on ill-conditioned runs (weak L2, concatenated readouts) two fits
+that meet it can still move a few test cells: on 2026-12-05, 966 of the 990 runs had the same
+Macro-F1, 986 were within 0.1 pp and the largest gap was 0.50 pp, on a run where scikit-learn at
+tol 1e-10 gives the engine's figure, not the reference's (docs/decisions/0038-probe-engine.md).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ def test_the_default_run_table_equals_the_reference():
     assert (joined["status"] == joined["status_reference"]).all()
     fitted = joined[joined["status"] == "ok"]
     assert len(fitted) == (reference["status"] == "ok").sum() > 0  # the default fits 990: 11 feature blocks × 90
-    differs = fitted[fitted["chosen_c"] != fitted["chosen_c_reference"]]
-    assert differs.empty, differs[KEYS + ["chosen_c", "chosen_c_reference"]]
+    differs = fitted[(fitted["chosen_c"] != fitted["chosen_c_reference"]) & (fitted["c_tied"] < 2)]
+    assert differs.empty, differs[KEYS + ["chosen_c", "chosen_c_reference", "c_tied"]]
     gap = 100 * (fitted["macro_f1"] - fitted["macro_f1_reference"]).abs()
     assert (gap <= MACRO_F1_POINTS).mean() >= SHARE_WITHIN, fitted.loc[gap > MACRO_F1_POINTS, KEYS]
     assert gap.max() <= MAX_POINTS, fitted.loc[gap.idxmax(), KEYS]
