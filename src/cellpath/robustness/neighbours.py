@@ -32,10 +32,12 @@ import numpy as np
 
 #: Queries per faiss call: bounds the (chunk x k) result buffers.
 DEFAULT_CHUNK_SIZE = 16384
-#: Candidate rows read, normalised and indexed at a time: 335 MB of float32 at d = 1,280.
+#: Candidate rows read, normalised and indexed at a time: 335 MB per float32 copy at d = 1,280.
 DEFAULT_CANDIDATE_ROWS = 65536
-#: float32 copies of a candidate chunk alive at once: as read, normalised, a type's subset, its index.
-_CHUNK_COPIES = 4
+#: float32-sized copies of a candidate chunk alive at once: as read, normalised, a type's subset and its
+#: faiss index, that subset as read for the float64 distances, and its float64 unit rows (two) when
+#: some queries are searched by brute force.
+_CHUNK_COPIES = 7
 #: faiss's GPU k-selection limit; larger fetches are served by a CPU copy of the index.
 _GPU_MAX_K = 2048
 #: Quantile of the per-anchor same-group counts added to k on the first fetch.

@@ -1,7 +1,8 @@
 """A probe run's result does not depend on the runs fitted beside it (docs/decisions/0039-tie-rules.md):
 a whole condition fitted as the stage fits it, task by task, in subsets (a one-protocol experiment)
 and under a budget that groups and streams it otherwise gives the same C — except where the
-validation Macro-F1 of two Cs tied exactly — and test Macro-F1 within 0.1 pp."""
+validation Macro-F1 of two Cs tied exactly — and test Macro-F1 within 0.1 pp on at least 99 % of
+runs and within 1 pp on every one (the stated bound)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from cellpath.probing import engine
 from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks
 
-MACRO_F1_POINTS = 0.1
+MACRO_F1_POINTS, SHARE_WITHIN, MAX_POINTS = 0.1, 0.99, 1.0
 
 
 def _condition(seed: int = 0, n: int = 4000, d: int = 32, k: int = 6):
@@ -32,10 +33,11 @@ def _condition(seed: int = 0, n: int = 4000, d: int = 32, k: int = 6):
 
 
 def _agree(reference, other) -> None:
+    gaps = []
     for a, b in zip(reference, other):
         assert a.chosen_c == b.chosen_c or a.tied_cs > 1 or b.tied_cs > 1
-        if a.chosen_c == b.chosen_c:
-            assert 100 * abs(a.macro_f1 - b.macro_f1) <= MACRO_F1_POINTS
+        gaps.append(100 * abs(a.macro_f1 - b.macro_f1))
+    assert np.mean(np.array(gaps) <= MACRO_F1_POINTS) >= SHARE_WITHIN and max(gaps) <= MAX_POINTS
 
 
 def test_a_condition_gives_the_same_results_whatever_its_company():
