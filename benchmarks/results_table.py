@@ -206,6 +206,21 @@ def scale_agreement_rows(d: dict) -> list[Row]:
                 **when(d))]
 
 
+def companions_rows(d: dict) -> list[Row]:
+    ways = {"alone": "task by task", "one_protocol": "protocol by protocol"}
+    parts = []
+    for way, total in d["total"].items():
+        name = ways.get(way, way.replace("budget_", "a budget of ").replace("_mb", " MB"))
+        parts.append(f"{name}: same C on {total['same_c']}/{total['runs']} runs, Macro-F1 bitwise equal on "
+                     f"{total['macro_f1_bitwise_equal']} (at most {total['max_macro_f1_difference_points']:.2f} pp "
+                     f"apart), iterations equal on {total['iterations_equal']}")
+    return [Row("probe results and their company (`bench_companions.py`)",
+                f"{len(d['conditions'])} conditions of the default (every model, readout and taxonomy at "
+                f"{d['conditions'][0]['magnification']}), C grid {', '.join(map(str, d['probe']['c_grid']))}, "
+                f"tol {d['probe']['tol']:g}, {d['torch_threads']} torch thread",
+                "the same runs fitted as the probe stage groups them", "; ".join(parts), **when(d))]
+
+
 def slide_read_rows(d: dict) -> list[Row]:
     slide = d["slide"]
     low, high = d["ratio_spread"]
@@ -267,7 +282,7 @@ def pipeline_rows(d: dict) -> list[Row]:
 
 
 BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
-    "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
+    "companions": companions_rows, "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
     "robustness": robustness_rows, "scale": scale_rows, "scale_agreement": scale_agreement_rows,
     "slide_read": slide_read_rows, "pipeline": pipeline_rows,
 }
