@@ -172,6 +172,9 @@ def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_pat
     # float32 products with other runs (others here than in the full run), so its weights differ by
     # rounding within probe.tol's reach; the chosen C and the Macro-F1s are equal (0.1 pp), and the ranking
     # metrics within 1 pp (on this tiny panel one swapped pair of near-tied test cells moves AUROC 0.6 pp)
+    # except on runs where every C ties on validation: those probes are at chance (one of them, Macro-F1
+    # 0.05, ranks its test cells by probability differences of float32 rounding, and under OpenBLAS's
+    # Haswell kernels with torch at AVX2 its AUROC moved 3.7 pp; docs/decisions/0039)
     keys = ["model", "magnification", "readout", "taxonomy", "unit", "seed"]
     full = all_protocols["runs"][all_protocols["runs"]["protocol"] == "mocv"]
     joined = runs.merge(full, on=keys, suffixes=("", "_full"), validate="one_to_one")
@@ -179,8 +182,12 @@ def test_one_protocol_runs_only_that_protocol(probe_data, all_protocols, tmp_pat
     assert (joined["status"] == joined["status_full"]).all()
     fitted = joined[joined["status"] == "ok"]
     assert len(fitted) and (fitted["chosen_c"] == fitted["chosen_c_full"]).all()
-    for metric, tolerance in (("val_macro_f1", 1e-3), ("macro_f1", 1e-3), ("macro_auroc", 1e-2), ("macro_auprc", 1e-2)):
+    decided = fitted[fitted["c_tied"] < len(params.probe.c_grid)]
+    assert len(decided) >= 0.5 * len(fitted)  # 12 of 18 on 2026-12-05
+    for metric, tolerance in (("val_macro_f1", 1e-3), ("macro_f1", 1e-3)):
         assert (fitted[metric] - fitted[f"{metric}_full"]).abs().max() <= tolerance, metric
+    for metric in ("macro_auroc", "macro_auprc"):
+        assert (decided[metric] - decided[f"{metric}_full"]).abs().max() <= 1e-2, metric
     metrics = json.loads((tmp_path / "reports" / "metrics.json").read_text())
     # no CRA (needs IS) or CRT (needs all three); MOCV's mean with its 95% interval, in pp
     assert set(metrics["filterbank-dense"]) == {"MOCV", "MOCV_ci95"}
