@@ -26,6 +26,10 @@ class ConfigError(CellPathError):
     """params.yaml (or a file it points to) is invalid."""
 
 
+class ExecutorError(CellPathError):
+    """A worker died or the cluster could not be used; the message names the task or the setting."""
+
+
 class InputError(CellPathError):
     """An input file is missing, malformed or inconsistent."""
 

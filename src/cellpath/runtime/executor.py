@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellpath.config import ExecutorConfig
-from cellpath.errors import CellPathError
+from cellpath.errors import ExecutorError
 from cellpath.io.atomic import atomic_output
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,6 @@ DASK_RETRIES = 2  # reruns of a task that raised (a worker that died is reschedu
 WATCH_S = 2.0  # how often a Dask run checks that some worker is still connected
 TASK_GATE_VARIABLE = "CELLPATH_TASK_GATE"  # tests only: a folder where finished tasks wait (see wait_at_gate)
 _THREAD_VARIABLES = {"openmp": ("OMP_NUM_THREADS",), "blas": ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-
-
-class ExecutorError(CellPathError):
-    """A worker died or the cluster could not be used; the message names the task or the setting."""
 
 
 def output_exists(path: Path) -> bool:

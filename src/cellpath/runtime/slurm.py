@@ -13,7 +13,7 @@ import re
 import subprocess
 
 from cellpath.config import ExecutorConfig
-from cellpath.runtime.executor import ExecutorError
+from cellpath.errors import ExecutorError
 
 PENDING_ADVICE = ("A job pending for Resources or Priority waits its turn (raise executor.startup_timeout_s); another "
                   "reason names the executor.slurm setting to change; a job that ended has its output in "
