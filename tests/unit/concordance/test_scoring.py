@@ -153,7 +153,7 @@ def test_nested_panels_size_larger_than_ranked_sections_is_an_error():
 # --- the paper's preset ----------------------------------------------------------------------
 
 def test_paper_panels_reproduce_the_published_panels():
-    csv = MANIFEST  # transcribed from the paper's Table 7 (../shared/reference/xenium_datasets.csv)
+    csv = MANIFEST  # transcribed from CellPath-Bench's Supplementary Table 7 (the Xenium sections)
     panels = paper_panels(csv)
     table = pd.read_csv(csv)
     assert PAPER_PANEL_SIZES == (10, 15, 20, 25)
