@@ -42,13 +42,14 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from cellpath.config import load_params, parse_params
 from cellpath.features.encoders.registry import selected_encoders
 from cellpath.features.panel import PanelFeatures, load_panel_cells, panel_matrix
 from cellpath.probing import engine
-from cellpath.probing.fit import ProbeTask, fit_tasks, standardised, standardiser
+from cellpath.probing.fit import ProbeTask, fit_tasks
 from cellpath.probing.plan import class_codes
 from cellpath.probing.scores import macro_f1
 from cellpath.runtime.tracking import Tracker
@@ -63,20 +64,25 @@ REFERENCE = {"tol": 1e-8, "max_iter": 10000}
 F1_POINTS, FIT_SHARE, SELECTION_SHARE, SPEEDUP_GOAL, FLOOR_RATIO = 0.1, 0.99, 0.95, 5.0, 2.0
 
 
+def _scaled(scaler: StandardScaler, rows: np.ndarray) -> np.ndarray:
+    """Rows standardised in float64 with a training scaler."""
+    return scaler.transform(np.asarray(rows, dtype=np.float64))
+
+
 def sklearn_fits(x, y, task: ProbeTask, c_grid, tol: float, max_iter: int) -> tuple[list[float], list[float], int]:
     """scikit-learn per C: test and validation Macro-F1 over the task's classes; fits not converged."""
-    scaler = standardiser(x[task.train])
+    scaler = StandardScaler().fit(np.asarray(x[task.train], dtype=np.float64))
     test_f1, val_f1, unconverged = [], [], 0
     for c in c_grid:
         # one BLAS thread, as our scipy solver runs: numpy's and scipy's two OpenBLAS pools spin
         # against each other with two threads each (docs/decisions/0019), which would slow this side only
         with warnings.catch_warnings(record=True) as caught, threadpool_limits(limits=1, user_api="blas"):
             warnings.simplefilter("always", ConvergenceWarning)
-            model = LogisticRegression(C=c, tol=tol, max_iter=max_iter).fit(standardised(x[task.train], scaler),
+            model = LogisticRegression(C=c, tol=tol, max_iter=max_iter).fit(_scaled(scaler, x[task.train]),
                                                                                y[task.train])
         unconverged += any(issubclass(w.category, ConvergenceWarning) for w in caught)
-        val_f1.append(macro_f1(y[task.val], model.predict(standardised(x[task.val], scaler)), task.classes))
-        test_f1.append(macro_f1(y[task.test], model.predict(standardised(x[task.test], scaler)), task.classes))
+        val_f1.append(macro_f1(y[task.val], model.predict(_scaled(scaler, x[task.val])), task.classes))
+        test_f1.append(macro_f1(y[task.test], model.predict(_scaled(scaler, x[task.test])), task.classes))
     return test_f1, val_f1, unconverged
 
 

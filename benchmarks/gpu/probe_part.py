@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from cellpath.probing.engine import Design
-from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks, standardiser
+from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks
 
 F1_TOLERANCE_POINTS = 0.1
 # params.yaml's probe.c_grid: a run's Cs iterate together, as bench_scale measures them on the CPU
@@ -78,8 +78,8 @@ def _rates(x, y, k, device: str, budget_mb: float, caps: list[int]) -> tuple[flo
 def _floor(x: np.ndarray, device: str, per_iteration: float) -> dict:
     """One read of the held design against the engine's measured time per iteration at that size."""
     rows = np.arange(len(x))
-    design = Design(InMemoryRows(x), [rows], [standardiser(x)], chunk_rows=len(x), device=device)
-    block = design.held
+    design = Design(InMemoryRows(x), [rows], device)
+    block = design.stored
     times = []
     for _ in range(5):
         _synchronise(device)
@@ -89,7 +89,7 @@ def _floor(x: np.ndarray, device: str, per_iteration: float) -> dict:
         times.append(time.perf_counter() - started)
     read_s = float(np.median(times))
     iteration_s = per_iteration * int(0.7 * len(x)) * x.shape[1]
-    return {"rows": len(x), "design_bytes": int(block.numel() * 4), "read_seconds": read_s,
+    return {"rows": len(x), "design_bytes": int(block.numel() * block.element_size()), "read_seconds": read_s,
             "iteration_seconds": iteration_s, "iteration_over_two_reads": iteration_s / (2 * read_s)}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cellpath.probing.engine import GroupFit, fit_group
+from cellpath.probing.engine import Design, GroupFit, fit_group
 from cellpath.probing.fit import (DEFAULT_C_GRID, DEFAULT_MAX_ITER, DEFAULT_TOL, InMemoryRows, ProbeResult, ProbeTask,
                                   fit_tasks, group_problem)
 
@@ -14,8 +14,9 @@ def fit_logistic_path(x: np.ndarray, y: np.ndarray, n_classes: int, c_grid: tupl
     """One task's fits, on all rows of ``x`` (standardised again by the probe: already standardised
     rows stay as they are), minimising mean CE + ||W||²/(2·C·n) for every C of ``c_grid``."""
     task = ProbeTask(np.arange(len(x)), np.arange(0), np.arange(0), np.arange(n_classes))
-    design, problem, _ = group_problem(InMemoryRows(x), np.asarray(y), [task], c_grid, len(x), "cpu")
-    return fit_group(design, problem, n_classes, tol=tol, max_iter=max_iter)
+    design = Design(InMemoryRows(np.asarray(x, dtype=np.float32)), [task.train], "cpu")
+    return fit_group(design, group_problem(design, np.asarray(y), [task], c_grid), n_classes, tol=tol,
+                     max_iter=max_iter)
 
 
 def fit_one(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, x_test: np.ndarray,

@@ -20,6 +20,7 @@ from cellpath.io.layout import panels_csv
 from cellpath.planning.paper import paper_comparison, paper_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload)
+from cellpath.probing.fit import probe_budget_mb
 from cellpath.runtime.costs import COSTS_PATH, load_costs
 from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
                                        week_summary)
@@ -62,6 +63,8 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
     features = feature_rows(encoders, magnifications, data_dir if preset == "current" else None, sections,
                             model.costs("cpu").extract)
     probe = probe_counts(params, encoders, magnifications, panel, evaluated)
+    machine = this_machine()
+    worker_memory = worker_memory_gb * 1e9 if worker_memory_gb else machine["memory_bytes"]
     if preset == "paper" and len(encoders) == len(configured):
         probe["paper"] = paper_comparison({p: row["runs"] for p, row in probe["protocols"].items()},
                                           probe["total"]["runs"])
@@ -71,11 +74,10 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                                     panel, evaluated),
         robustness_units=robustness_workload(params, encoders, panel),
         n_panel_cells=panel["evaluated_cells"] or int(sum(s["cells"] for s in panel["sections"])),
-        probe_budget_mb=params.probe.batch_memory_mb, c_grid_size=len(params.probe.c_grid),
+        probe_budget_mb=probe_budget_mb(params.probe.batch_memory_mb, worker_memory),
+        c_grid_size=len(params.probe.c_grid),
         full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors)
     estimates = stage_estimates(model, work)
-    machine = this_machine()
-    worker_memory = worker_memory_gb * 1e9 if worker_memory_gb else machine["memory_bytes"]
     return {"preset": preset, "models": [spec.slug for spec in encoders] if models else None,
             "configured_encoders": len(configured),
             "hardware": {"cpus": machine["cpus"], "gpus": machine["gpus"]},

@@ -1,15 +1,16 @@
 """The probe engine: every (task, C) fit of a group of tasks in one pass over the group's rows.
 
-A *group* is T tasks with the same number of classes K: each task's training rows standardised
-with its own scaler into one float32 design block ``(T, n, D + 1)`` (a ones column last; rows past
-a task's own count are zero and weigh nothing), held in memory or — for one task larger than the
-memory budget — read in chunks at every product. The weights of every task and candidate C are
-one ``(T, L, D + 1, K)`` tensor, so one batched matrix product serves all T·L fits.
+A *group* is T tasks with the same number of classes K: each task's training rows, stored once as
+read (:class:`Design`: float16 where the rows are float16 values, else float32; held in memory, or
+— one task larger than the memory budget — in a memory-mapped file) and standardised with the
+task's own scaler chunk by chunk at every product; rows past a task's own count weigh nothing. The
+weights of every task and candidate C are one ``(T, L, D + 1, K)`` tensor, so one batched matrix
+product serves all T·L fits.
 
 Each fit minimises its own objective — mean cross-entropy + ||W[:D]||²/(2·C·n_t), doubled for two
 classes (``binary_factor``), so ``C`` means scikit-learn's ``C`` — from zero, with its own L-BFGS
-history, line search and stopping test, as ``scipy.optimize``'s L-BFGS-B under scikit-learn's lbfgs:
-largest |gradient entry| ≤ ``tol`` or relative reduction ≤ ``FTOL``. What differs is how it gets there:
+history, line search and stopping test (:func:`fit_group`). What differs from scikit-learn's lbfgs
+is how it gets there:
 
 - **Two products per iteration, in float32**: the logit step ΔZ = X ΔW of the search directions
   and the gradient Xᵀ R. The line search needs no product: its trials are Z + t·ΔZ, evaluated in
@@ -23,15 +24,20 @@ largest |gradient entry| ≤ ``tol`` or relative reduction ≤ ``FTOL``. What di
   initial inverse Hessian H₀ = γ·(c·XᵀX/n + 2·penalty)⁻¹ (the remaining eigenvalues taken as their
   mean; c = 0.5/K, the softmax's curvature scale; γ = s·y / yᵀH₀y as scipy scales its identity).
   This changes the path, not the optimum: 3–5× fewer iterations on the default's features.
+- **Checked in float64**: a fit is converged only when its largest |gradient entry|, recomputed in
+  float64 at the weights it returns, is ≤ tol; a fit that float32 cannot take there goes on with
+  float64 products (docs/decisions/0040).
 - Fits leave the arithmetic when they stop (a task when all its Cs have, a C when all tasks' have).
 
 The same code runs on the CPU and on CUDA (torch). A task's iterates depend on its group only
 through float32 rounding in the batched products, far below the tolerance (tests: chosen C and
-Macro-F1 equal alone and in a full run).
+Macro-F1 equal alone and in a full run), and not at all on whether its design is held or streamed.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,8 +53,10 @@ REFRESH = 10          # iterations between recomputing the logits from the weigh
 RANK = 64             # eigenpairs of XᵀX/n in the preconditioner
 SAMPLE_ROWS = 16384   # rows of a task the preconditioner is estimated from (evenly spaced)
 POWER_STEPS = 2       # subspace iterations of the randomised eigensolver
-BUILD_ROWS = 16384    # rows read from the source at a time while a design block is built
-STANDARDISE_ROWS = 1024  # rows standardised at a time through design_block's float64 buffer
+BUILD_ROWS = 16384    # rows read from the source at a time while a design is stored (at most)
+PRODUCT_ROWS = 512    # rows per product chunk: stored rows standardised in float32 within the cache, then multiplied
+SCALER_ROWS = 1024    # rows per float64 partial sum of a scaler (a fixed order: the same scaler held or streamed)
+MAX_RECHECKS = 2      # float64 checks a fit may fail after its float32 gradient met tol before it is stopped
 
 
 class RowSource(Protocol):
@@ -73,78 +81,184 @@ def chunks(rows: np.ndarray, chunk_rows: int) -> Iterator[tuple[int, np.ndarray]
         yield start, rows[start:start + chunk_rows]
 
 
-def design_block(raw: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], dtype: type = np.float32) -> np.ndarray:
-    """(n, D + 1) in ``dtype``: rows standardised with ``scaler`` (computed in float64) and a ones column.
-
-    Standardised ``STANDARDISE_ROWS`` rows at a time through one float64 buffer: the same values as
-    one whole-block expression, without its float64 copy of the block (5–6× faster on 64,000 × 1,280
-    float16 rows, which matters where a streamed design is re-read at every product)."""
+def design_block(raw: np.ndarray, scaler: tuple[np.ndarray, np.ndarray], dtype: type = np.float64) -> np.ndarray:
+    """(n, D + 1) in ``dtype``: rows standardised with ``scaler`` in float64, and a ones column (scoring)."""
     mean, sd = scaler
     out = np.empty((len(raw), len(mean) + 1), dtype=dtype)
-    buffer = np.empty((min(STANDARDISE_ROWS, len(raw)), len(mean)))
-    for start in range(0, len(raw), STANDARDISE_ROWS):
-        part = raw[start:start + STANDARDISE_ROWS]
-        rows = buffer[:len(part)]
-        np.subtract(part, mean, out=rows)
-        np.divide(rows, sd, out=out[start:start + len(part), :-1], casting="same_kind")
+    out[:, :-1] = (np.asarray(raw, dtype=np.float64) - mean) / sd
     out[:, -1] = 1.0
     return out
 
 
-class Design:
-    """The float32 designs of a group's tasks, (T, n, D + 1): held on ``device``, or (one task)
-    re-read from ``source`` in chunks of ``chunk_rows`` at every product, the same chunks each time."""
+def exactly_float16(rows: np.ndarray) -> bool:
+    """Whether every value of float32 ``rows`` is a float16 value (the feature store's type), so
+    that storing them as float16 loses nothing."""
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(rows.astype(np.float16).astype(np.float32), rows))
 
-    def __init__(self, source: RowSource, rows: list[np.ndarray], scalers: list[tuple[np.ndarray, np.ndarray]],
-                 chunk_rows: int, device: str) -> None:
-        self.source, self.rows, self.scalers, self.device = source, rows, scalers, device
-        self.chunk_rows = max(1, chunk_rows)
+
+class Design:
+    """The training rows of a group's T tasks, stored once as read and standardised chunk by chunk
+    at every product.
+
+    Storage: ``(T, n, D)`` raw feature rows, float16 where every value is a float16 (the feature
+    store's rows: half the memory, nothing lost), else float32; rows past a task's own count are zero
+    and weigh nothing. A group within the memory budget is held in memory; one task larger than it
+    (``stream``) is written once to a memory-mapped file in ``work_dir`` (the system's temporary
+    folder by default: ``TMPDIR``) and read back from there. Every product reads the same
+    ``PRODUCT_ROWS`` chunks in the same order whether held or mapped, so a task's fits are bit for
+    bit the same either way: a chunk is converted to float32, standardised there ((x − mean)·(1/sd),
+    float32, the float64 scaler rounded once) and multiplied. The float64 check
+    (:meth:`exact_point`) standardises the stored rows in float64 instead: the objective every fit
+    minimises, as scikit-learn sees it.
+    """
+
+    def __init__(self, source: RowSource, rows: list[np.ndarray], device: str, *, stream: bool = False,
+                 work_dir: str | os.PathLike | None = None, read_rows: int = BUILD_ROWS) -> None:
+        if stream and len(rows) != 1:
+            raise ValueError("only a design of one task is streamed")
+        self.rows, self.device, self.width = rows, device, source.width
         self.n = max(len(r) for r in rows)
         self.counts = torch.tensor([len(r) for r in rows], dtype=torch.float64, device=device)
-        self.held = None
-        if len(rows) > 1 or self.n <= self.chunk_rows:
-            held = np.zeros((len(rows), self.n, source.width + 1), dtype=np.float32)
-            for t, (task_rows, scaler) in enumerate(zip(rows, scalers)):
-                for start, part in chunks(task_rows, BUILD_ROWS):
-                    held[t, start:start + len(part)] = design_block(source.take(part), scaler)
-            self.held = torch.from_numpy(held).to(device)
+        self._file: str | None = None
+        self.stored = self._store(source, stream, work_dir, max(1, read_rows))
+        self.scalers = [self._scaler(t) for t in range(len(rows))]
+        self._shift = torch.from_numpy(np.stack([m for m, _ in self.scalers]).astype(np.float32))[:, None].to(device)
+        self._scale = torch.from_numpy(np.stack([1.0 / s for _, s in self.scalers]).astype(np.float32))[:, None]
+        self._scale = self._scale.to(device)
+        self._mean64 = torch.from_numpy(np.stack([m for m, _ in self.scalers]))[:, None].to(device)
+        self._sd64 = torch.from_numpy(np.stack([s for _, s in self.scalers]))[:, None].to(device)
 
-    def _blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        if self.held is not None:
-            yield 0, self.held
-            return
-        for start, part in chunks(self.rows[0], self.chunk_rows):
-            yield start, torch.from_numpy(design_block(self.source.take(part), self.scalers[0]))[None].to(self.device)
+    def _store(self, source: RowSource, stream: bool, work_dir, read_rows: int) -> np.ndarray | torch.Tensor:
+        """Read every task's rows once, ``read_rows`` at a time, into float16 storage, widened to
+        float32 at the first row that is not a float16 value."""
+        shape = (len(self.rows), self.n, self.width)
 
-    def times(self, v: torch.Tensor) -> torch.Tensor:
-        """X V, float64 (T, n, P), the product in float32; ``v``: (T, D + 1, P)."""
+        def allocate(dtype):
+            if not stream:
+                return np.zeros(shape, dtype=dtype)
+            handle, path = tempfile.mkstemp(prefix="probe-design-", suffix=".bin", dir=work_dir)
+            os.close(handle)
+            if self._file is not None:
+                os.unlink(self._file)
+            self._file = path
+            return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+        stored = allocate(np.float16)
+        for t, task_rows in enumerate(self.rows):
+            for start, part in chunks(task_rows, read_rows):
+                block = np.asarray(source.take(part), dtype=np.float32)
+                if stored.dtype == np.float16 and not exactly_float16(block):
+                    wider = allocate(np.float32)
+                    for chunk_start in range(0, self.n, read_rows):
+                        wider[:, chunk_start:chunk_start + read_rows] = stored[:, chunk_start:chunk_start + read_rows]
+                    stored = wider
+                stored[t, start:start + len(part)] = block
+        if stream:
+            stored.flush()
+            return stored
+        return torch.from_numpy(stored).to(self.device)
+
+    def close(self) -> None:
+        """Remove a streamed design's file."""
+        if self._file is not None:
+            self.stored = None
+            os.unlink(self._file)
+            self._file = None
+
+    @property
+    def streamed(self) -> bool:
+        return self._file is not None
+
+    def _raw(self, start: int, stop: int, tasks: torch.Tensor | None) -> torch.Tensor:
+        """Stored rows ``start:stop`` of ``tasks`` (None: all), as stored (float16 or float32)."""
+        if self.streamed:
+            block = torch.from_numpy(np.ascontiguousarray(self.stored[:, start:stop])).to(self.device)
+        else:
+            block = self.stored[:, start:stop]
+        return block if tasks is None or len(tasks) == len(self.rows) else block[tasks]
+
+    def _scaler(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Task ``t``'s training mean and SD (float64, chunked sums in a fixed order; an SD below 1e-8 → 1)."""
+        count, total, squares = len(self.rows[t]), np.zeros(self.width), np.zeros(self.width)
+        for start in range(0, count, SCALER_ROWS):
+            total += self._numpy_rows(t, start, min(start + SCALER_ROWS, count)).sum(axis=0)
+        mean = total / count
+        for start in range(0, count, SCALER_ROWS):
+            squares += ((self._numpy_rows(t, start, min(start + SCALER_ROWS, count)) - mean) ** 2).sum(axis=0)
+        sd = np.sqrt(squares / count)
+        sd[sd < 1e-8] = 1.0
+        return mean, sd
+
+    def _numpy_rows(self, t: int, start: int, stop: int) -> np.ndarray:
+        rows = self.stored[t, start:stop]
+        return np.asarray(rows.cpu().numpy() if torch.is_tensor(rows) else rows, dtype=np.float64)
+
+    def _blocks(self, tasks: torch.Tensor | None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start, standardised float32 rows (T', c, D)) over the ``PRODUCT_ROWS`` chunks."""
+        shift = self._shift if tasks is None else self._shift[tasks]
+        scale = self._scale if tasks is None else self._scale[tasks]
+        for start in range(0, self.n, PRODUCT_ROWS):
+            yield start, torch.sub(self._raw(start, start + PRODUCT_ROWS, tasks), shift).mul_(scale)
+
+    def times(self, v: torch.Tensor, tasks: torch.Tensor | None = None) -> torch.Tensor:
+        """X V, float64 (T', n, P), each chunk's product in float32; ``v``: (T', D + 1, P)."""
         v32 = v.to(torch.float32)
-        return torch.cat([torch.bmm(block, v32).to(torch.float64) for _, block in self._blocks()], dim=1)
+        out = torch.empty((v.shape[0], self.n, v.shape[2]), dtype=torch.float64, device=v.device)
+        for start, block in self._blocks(tasks):
+            out[:, start:start + block.shape[1]] = torch.baddbmm(v32[:, -1:], block, v32[:, :-1])
+        return out
 
-    def transpose_times(self, r: torch.Tensor) -> torch.Tensor:
-        """Xᵀ R, float64 (T, D + 1, P), the products in float32, chunk sums in float64; ``r``: (T, n, P)."""
-        total = None
-        for start, block in self._blocks():
-            part = torch.bmm(block.transpose(1, 2), r[:, start:start + block.shape[1]].to(torch.float32))
-            total = part.to(torch.float64) if total is None else total + part.to(torch.float64)
-        return total
+    def transpose_times(self, r: torch.Tensor, tasks: torch.Tensor | None = None) -> torch.Tensor:
+        """Xᵀ R, float64 (T', D + 1, P): each chunk's product in float32, the chunk sums in float64;
+        the ones column's row is R's column sums in float64; ``r``: (T', n, P)."""
+        out = r.new_zeros((r.shape[0], self.width + 1, r.shape[2]))
+        r32 = r.to(torch.float32)
+        for start, block in self._blocks(tasks):
+            out[:, :-1] += torch.bmm(block.transpose(1, 2), r32[:, start:start + block.shape[1]])
+        out[:, -1] = r.sum(dim=1)
+        return out
+
+    def _exact_blocks(self, tasks: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start, float64 rows (T', c, D)) standardised as ``design_block`` does: (x − mean)/sd in float64."""
+        mean, sd = self._mean64[tasks], self._sd64[tasks]
+        for start in range(0, self.n, PRODUCT_ROWS):
+            yield start, (self._raw(start, start + PRODUCT_ROWS, tasks).to(torch.float64) - mean) / sd
+
+    def exact_times(self, v: torch.Tensor, tasks: torch.Tensor) -> torch.Tensor:
+        """X V in float64 throughout (the check of :func:`fit_group`); ``v``: (T', D + 1, P) float64."""
+        out = torch.empty((v.shape[0], self.n, v.shape[2]), dtype=torch.float64, device=v.device)
+        for start, block in self._exact_blocks(tasks):
+            out[:, start:start + block.shape[1]] = torch.baddbmm(v[:, -1:], block, v[:, :-1])
+        return out
+
+    def exact_transpose_times(self, r: torch.Tensor, tasks: torch.Tensor) -> torch.Tensor:
+        """Xᵀ R in float64 throughout; ``r``: (T', n, P) float64."""
+        out = r.new_zeros((r.shape[0], self.width + 1, r.shape[2]))
+        for start, block in self._exact_blocks(tasks):
+            out[:, :-1] += torch.bmm(block.transpose(1, 2), r[:, start:start + block.shape[1]])
+        out[:, -1] = r.sum(dim=1)
+        return out
 
     def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """At most ``SAMPLE_ROWS`` (streamed: and one chunk) evenly spaced feature rows per task
+        """At most ``SAMPLE_ROWS`` evenly spaced rows per task, standardised as the products are
         (T, m, D) float32, zero past a task's own rows, and how many of them are the task's (T,).
-        A task's rows are spaced by its own size, so its sample is the same in any group."""
-        if self.held is not None:
-            steps = [-(-len(rows) // SAMPLE_ROWS) for rows in self.rows]
-            if len(set(steps)) == 1:  # a view, no copy
-                return self.held[:, ::steps[0], :-1], torch.ceil(self.counts / steps[0])
-            taken = [torch.arange(0, len(rows), step, device=self.held.device) for rows, step in zip(self.rows, steps)]
-            x = self.held.new_zeros((len(self.rows), max(len(t) for t in taken), self.held.shape[2] - 1))
-            for t, positions in enumerate(taken):
-                x[t, :len(positions)] = self.held[t, positions, :-1]
-            return x, self.counts.new_tensor([len(t) for t in taken])
-        rows = self.rows[0][::-(-self.n // min(SAMPLE_ROWS, self.chunk_rows))]  # within the memory budget
-        block = design_block(self.source.take(rows), self.scalers[0])[:, :-1]
-        return torch.from_numpy(block)[None].to(self.device), self.counts.new_tensor([len(rows)])
+        A task's rows are spaced by its own size, so its sample is the same in any group, held or streamed."""
+        taken = [np.arange(0, len(rows), -(-len(rows) // SAMPLE_ROWS)) for rows in self.rows]
+        x = torch.zeros((len(self.rows), max(len(p) for p in taken), self.width), dtype=torch.float32,
+                        device=self.device)
+        for t, positions in enumerate(taken):
+            raw = self.stored[t][torch.from_numpy(positions).to(self.device) if torch.is_tensor(self.stored)
+                                 else positions]
+            raw = raw if torch.is_tensor(raw) else torch.from_numpy(np.asarray(raw)).to(self.device)
+            x[t, :len(positions)] = torch.sub(raw, self._shift[t]).mul_(self._scale[t])
+        return x, self.counts.new_tensor([len(p) for p in taken])
+
+    def __enter__(self) -> "Design":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
 
 
 @dataclass
@@ -218,13 +332,29 @@ class GroupProblem:
         r.scatter_add_(3, index, -self.weight[:, :, None, None].expand(-1, -1, log_p.shape[2], 1))
         return r.flatten(2)
 
+    def objective(self, data: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Each fit's objective (T, L): its data term plus penalty·||W[:D]||² (the intercept unpenalised)."""
+        return data + self.penalty * (w[:, :, :-1] ** 2).sum(dim=(2, 3))
+
+    def penalty_gradient(self, w: torch.Tensor) -> torch.Tensor:
+        """The penalty's gradient (T, L, D + 1, K): 2·penalty·W on the features, 0 on the intercept."""
+        out = torch.zeros_like(w)
+        out[:, :, :-1] = 2.0 * self.penalty[:, :, None, None] * w[:, :, :-1]
+        return out
+
+    def subset(self, tasks: torch.Tensor, cs: torch.Tensor) -> "GroupProblem":
+        """These tasks' objectives at these Cs (positions)."""
+        return GroupProblem(self.labels[tasks], self.weight[tasks], self.penalty[tasks[:, None], cs[None, :]])
+
 
 @dataclass
 class GroupFit:
-    """Weights (T, L, D + 1, K) float64, L-BFGS iterations (T, L) and whether each fit met the tolerance."""
+    """Per fit (T, L): weights (T, L, D + 1, K) float64, L-BFGS iterations, the largest |gradient
+    entry| at the weights computed in float64 (:func:`exact_point`), and whether it is ≤ tol."""
 
     weights: torch.Tensor
     iterations: torch.Tensor
+    gradient: torch.Tensor
     converged: torch.Tensor
 
 
@@ -244,24 +374,29 @@ def _product(w: torch.Tensor) -> torch.Tensor:
 
 
 class _Fits:
-    """The tasks and Cs still running: weights, logits, value, gradient and L-BFGS history of each."""
+    """The tasks and Cs still running: weights, logits, value, gradient and L-BFGS history of each.
+    ``tasks`` and ``cs`` are their positions in the group (the design's tasks, the grid's Cs);
+    ``exact``: every product in float64 (:meth:`Design.exact_times`), else in float32."""
 
-    def __init__(self, design: Design, problem: GroupProblem, precondition: Preconditioner, w: torch.Tensor) -> None:
-        self.design, self.problem, self.precondition = design, problem, precondition
-        self.tasks = torch.arange(w.shape[0], device=w.device)
-        self.cs = torch.arange(w.shape[1], device=w.device)
+    def __init__(self, design: Design, problem: GroupProblem, precondition: Preconditioner, w: torch.Tensor, *,
+                 exact: bool = False, tasks: torch.Tensor | None = None, cs: torch.Tensor | None = None) -> None:
+        self.design, self.problem, self.precondition, self.exact = design, problem, precondition, exact
+        self.tasks = torch.arange(w.shape[0], device=w.device) if tasks is None else tasks
+        self.cs = torch.arange(w.shape[1], device=w.device) if cs is None else cs
         self.w = w
         self.s = torch.zeros((HISTORY, *w.shape), dtype=w.dtype, device=w.device)
         self.y = torch.zeros_like(self.s)
         self.rho = torch.zeros((HISTORY, *w.shape[:2]), dtype=w.dtype, device=w.device)  # 0: an empty slot
         self.gamma = torch.ones(w.shape[:2], dtype=w.dtype, device=w.device)
         self.iterations = torch.zeros(w.shape[:2], dtype=torch.int64, device=w.device)
+        self.rechecks = torch.zeros(w.shape[:2], dtype=torch.int64, device=w.device)
         self.active = torch.ones(w.shape[:2], dtype=torch.bool, device=w.device)
         self.refresh()
 
     def logits(self, w: torch.Tensor) -> torch.Tensor:
         t, n_c, _, k = w.shape
-        return self.design.times(_product(w)).view(t, -1, n_c, k)
+        times = self.design.exact_times if self.exact else self.design.times
+        return times(_product(w), self.tasks).view(t, -1, n_c, k)
 
     def refresh(self) -> None:
         """Logits, value and gradient recomputed from the weights (two products)."""
@@ -271,21 +406,19 @@ class _Fits:
     def set_point(self, z: torch.Tensor, data: torch.Tensor, log_p: torch.Tensor) -> None:
         t, n_c, d1, k = self.w.shape
         self.z = z
-        self.value = data + self.problem.penalty * (self.w[:, :, :-1] ** 2).sum(dim=(2, 3))
-        grad = self.design.transpose_times(self.problem.residual(log_p)).view(t, d1, n_c, k).permute(0, 2, 1, 3)
-        penalised = torch.zeros_like(self.w)
-        penalised[:, :, :-1] = 2.0 * self.problem.penalty[:, :, None, None] * self.w[:, :, :-1]
-        self.grad = grad + penalised
+        self.value = self.problem.objective(data, self.w)
+        residual = self.problem.residual(log_p)
+        transpose_times = self.design.exact_transpose_times if self.exact else self.design.transpose_times
+        grad = transpose_times(residual, self.tasks).view(t, d1, n_c, k).permute(0, 2, 1, 3)
+        self.grad = grad + self.problem.penalty_gradient(self.w)
 
     def keep(self, tasks: torch.Tensor, cs: torch.Tensor) -> None:
         """Keep only these tasks and Cs (positions among the current ones) in the arithmetic."""
         at = (tasks[:, None], cs[None, :])
-        self.design = _Subset(self.design, tasks) if len(tasks) < len(self.tasks) else self.design
-        self.problem = GroupProblem(self.problem.labels[tasks], self.problem.weight[tasks],
-                                    self.problem.penalty[at])
+        self.problem = self.problem.subset(tasks, cs)
         self.precondition = self.precondition.subset(tasks)
         self.tasks, self.cs = self.tasks[tasks], self.cs[cs]
-        for name in ("w", "value", "grad", "gamma", "iterations", "active"):
+        for name in ("w", "value", "grad", "gamma", "iterations", "rechecks", "active"):
             setattr(self, name, getattr(self, name)[at])
         self.z = self.z[tasks][:, :, cs]
         self.s, self.y, self.rho = self.s[:, at[0], at[1]], self.y[:, at[0], at[1]], self.rho[:, at[0], at[1]]
@@ -316,17 +449,16 @@ class _Fits:
         return d, torch.where(downhill, 1.0, rate)
 
 
-class _Subset:
-    """Some tasks of a held design (the tasks still running)."""
-
-    def __init__(self, design: Design | "_Subset", tasks: torch.Tensor) -> None:
-        self.held = design.held[tasks]
-
-    def times(self, v: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(self.held, v.to(torch.float32)).to(torch.float64)
-
-    def transpose_times(self, r: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(self.held.transpose(1, 2), r.to(torch.float32)).to(torch.float64)
+def exact_point(design: Design, problem: GroupProblem, w: torch.Tensor,
+                tasks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits (T', n, L', K), value (T', L') and gradient (T', L', D + 1, K) of the objectives ``problem`` at ``w`` (T', L', D + 1, K) for the design's ``tasks``, in float64 throughout:
+    the design standardised in float64 from the stored rows, every product and sum in float64."""
+    t, n_c, d1, k = w.shape
+    z = design.exact_times(_product(w), tasks).view(t, -1, n_c, k)
+    data, log_p = problem.data_terms(z)
+    residual = problem.residual(log_p)
+    grad = design.exact_transpose_times(residual, tasks).view(t, d1, n_c, k).permute(0, 2, 1, 3)
+    return z, problem.objective(data, w), grad + problem.penalty_gradient(w)
 
 
 def _line_search(fits: _Fits, d: torch.Tensor, rate: torch.Tensor):
@@ -362,14 +494,42 @@ def _line_search(fits: _Fits, d: torch.Tensor, rate: torch.Tensor):
 
 
 def fit_group(design: Design, problem: GroupProblem, n_classes: int, *, tol: float, max_iter: int) -> GroupFit:
-    """Minimise every (task, C) objective of ``problem`` from zero, each to its own stopping test."""
+    """Minimise every (task, C) objective of ``problem`` from zero, each to its own stopping test.
+
+    A fit stops when its float32-product gradient meets ``tol`` and the float64 check agrees
+    (converged); when its relative reduction is ≤ ``FTOL`` at an iteration that kept its logits (not
+    at a refresh, where recomputing them changes the value by rounding alone); when its line search
+    finds no step; after ``max_iter`` iterations; or after ``MAX_RECHECKS`` float64 checks that
+    disagreed with its float32 gradient (a failed check first replaces the fit's logits, value and
+    gradient with the float64 ones, and it goes on). Every fit that stopped unconverged before
+    ``max_iter`` then goes on from its weights with float64 products (the float32 products' rounding,
+    ~1e-8 on a gradient entry, is what stops a fit short of a tight ``tol``). ``converged`` is the
+    float64 check at the returned weights, whatever stopped the fit."""
     t, n_c = problem.penalty.shape
-    w = torch.zeros(t, n_c, design.held.shape[2] if design.held is not None else design.source.width + 1,
-                    n_classes, dtype=torch.float64, device=problem.penalty.device)
-    fits = _Fits(design, problem, preconditioner(design, n_classes), w)
-    out_w, out_iterations = w.clone(), torch.zeros(t, n_c, dtype=torch.int64, device=w.device)
-    out_converged = _largest(fits.grad) <= tol
-    fits.active = ~out_converged
+    w = torch.zeros(t, n_c, design.width + 1, n_classes, dtype=torch.float64, device=problem.penalty.device)
+    precondition = preconditioner(design, n_classes)
+    out = (w.clone(), torch.zeros(t, n_c, dtype=torch.int64, device=w.device),
+           torch.full((t, n_c), torch.inf, dtype=torch.float64, device=w.device),
+           torch.zeros(t, n_c, dtype=torch.bool, device=w.device))
+    fits = _Fits(design, problem, precondition, w)
+    fits.active = ~_settle(fits, _largest(fits.grad) <= tol, torch.zeros_like(fits.active), tol, out)
+    _iterate(fits, tol, max_iter, out)
+    out_w, out_iterations, _, out_converged = out
+    unfinished = ~out_converged & (out_iterations < max_iter)
+    if bool(unfinished.any()):
+        tasks, cs = torch.nonzero(unfinished.any(dim=1))[:, 0], torch.nonzero(unfinished.any(dim=0))[:, 0]
+        at = (tasks[:, None], cs[None, :])
+        fits = _Fits(design, problem.subset(tasks, cs), precondition.subset(tasks), out_w[at].clone(), exact=True,
+                     tasks=tasks, cs=cs)
+        fits.iterations = out_iterations[at].clone()
+        fits.active = unfinished[at]
+        _iterate(fits, tol, max_iter, out)
+    return GroupFit(*out)
+
+
+def _iterate(fits: _Fits, tol: float, max_iter: int, out: tuple[torch.Tensor, ...]) -> None:
+    """L-BFGS iterations of the active fits until each has stopped (:func:`fit_group`), the stopped
+    ones written to ``out``."""
     for step in range(max_iter):
         tasks, cs = fits.active.any(dim=1), fits.active.any(dim=0)
         if not bool(tasks.any()):
@@ -379,10 +539,11 @@ def fit_group(design: Design, problem: GroupProblem, n_classes: int, *, tol: flo
         d, rate = fits.direction(step)
         moved, taken, z, data, log_p = _line_search(fits, d, rate)
         s = taken[:, :, None, None] * d
-        moved &= _largest(s) > 0  # a failed line search, or a step too short to change w: stopped unconverged
+        moved &= _largest(s) > 0  # a failed line search, or a step too short to change w
         old_value, old_grad, active = fits.value, fits.grad, fits.active
         fits.w = fits.w + s
-        if (step + 1) % REFRESH == 0:
+        refreshed = (step + 1) % REFRESH == 0
+        if refreshed:
             fits.refresh()
         else:
             fits.set_point(torch.where(moved[:, None, :, None], z, fits.z), data, log_p)
@@ -393,13 +554,56 @@ def fit_group(design: Design, problem: GroupProblem, n_classes: int, *, tol: flo
         fits.s[slot], fits.y[slot] = s, y
         fits.rho[slot] = torch.where(curved, 1.0 / torch.where(curved, sy, 1.0), 0.0)
         fits.gamma = torch.where(curved, sy / torch.where(curved, yy, 1.0), fits.gamma)
-        reduction = (old_value - fits.value) / torch.clamp(torch.maximum(old_value.abs(), fits.value.abs()), min=1.0)
         fits.iterations += moved.to(torch.int64)
-        done = moved & ((_largest(fits.grad) <= tol) | (reduction <= FTOL))
-        fits.active = active & moved & ~done & (fits.iterations < max_iter)
-        stopped = active & ~fits.active
-        if bool(stopped.any()):
-            at = (fits.tasks[:, None].expand_as(stopped)[stopped], fits.cs[None, :].expand_as(stopped)[stopped])
-            out_w[at], out_iterations[at] = fits.w[stopped], fits.iterations[stopped]
-            out_converged[at] = done[stopped]
-    return GroupFit(out_w, out_iterations, out_converged)
+        meets = active & moved & (_largest(fits.grad) <= tol)
+        stop = active & ~meets & (~moved | (fits.iterations >= max_iter))
+        if not refreshed:
+            reduction = (old_value - fits.value) / torch.clamp(torch.maximum(old_value.abs(), fits.value.abs()),
+                                                               min=1.0)
+            stop |= active & ~meets & (reduction <= FTOL)
+        fits.active = active & ~_settle(fits, meets, stop, tol, out, max_iter)
+
+
+def _settle(fits: _Fits, meets: torch.Tensor, stop: torch.Tensor, tol: float, out: tuple[torch.Tensor, ...],
+            max_iter: int | None = None) -> torch.Tensor:
+    """Check in float64 the fits whose gradient ``meets`` tol and those told to ``stop``; write the
+    ones that end here to ``out`` (weights, iterations, float64 gradient, converged) and return them
+    (T', L'). A fit that met tol in float32 but not in float64 takes the float64 point and goes on,
+    unless it has failed ``MAX_RECHECKS`` checks or reached ``max_iter``."""
+    checked = meets | stop
+    if not bool(checked.any()):
+        return checked
+    if fits.exact:  # its gradient is the float64 one already
+        largest = _largest(fits.grad)
+        return _write(fits, meets | stop, largest, meets, out)
+    tasks, cs = checked.any(dim=1), checked.any(dim=0)
+    at = (torch.nonzero(tasks)[:, 0][:, None], torch.nonzero(cs)[:, 0][None, :])
+    z, value, grad = exact_point(fits.design, fits.problem.subset(*(a.flatten() for a in at)), fits.w[at],
+                                        fits.tasks[at[0][:, 0]])
+    largest = torch.full_like(fits.value, torch.inf)
+    largest[at] = _largest(grad)
+    verified = checked & (largest <= tol)
+    retry = meets & ~verified
+    fits.rechecks += retry.to(torch.int64)
+    ended = verified | stop | (retry & (fits.rechecks >= MAX_RECHECKS))
+    if max_iter is not None:
+        ended |= retry & (fits.iterations >= max_iter)
+    going_on = retry & ~ended
+    if bool(going_on.any()):  # the float64 point replaces the float32 one
+        inside = going_on[at]
+        by_fit = fits.z.permute(0, 2, 1, 3)  # a view: writing it writes fits.z
+        by_fit[at] = torch.where(inside[:, :, None, None], z.permute(0, 2, 1, 3), by_fit[at])
+        fits.value[at] = torch.where(inside, value, fits.value[at])
+        fits.grad[at] = torch.where(inside[:, :, None, None], grad, fits.grad[at])
+    return _write(fits, ended, largest, verified, out)
+
+
+def _write(fits: _Fits, ended: torch.Tensor, largest: torch.Tensor, converged: torch.Tensor,
+           out: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Write the ``ended`` fits' weights, iterations, float64 gradient and convergence to ``out``."""
+    if bool(ended.any()):
+        out_w, out_iterations, out_gradient, out_converged = out
+        place = (fits.tasks[:, None].expand_as(ended)[ended], fits.cs[None, :].expand_as(ended)[ended])
+        out_w[place], out_iterations[place] = fits.w[ended], fits.iterations[ended]
+        out_gradient[place], out_converged[place] = largest[ended], converged[ended]
+    return ended

@@ -15,31 +15,35 @@ same validation predictions choose the same C on any CPU.
 
 Each objective is scikit-learn's scaled by 1/n: mean cross-entropy + ||W||² / (2·C·n) (intercept
 unpenalised; doubled for two classes, ``engine.binary_factor``), so ``C`` means what it means in
-``sklearn.linear_model.LogisticRegression``; every fit starts from zero and stops at ``tol`` on its
-largest |gradient entry| (or scipy's relative-reduction test), so a task's result does not depend on
-the tasks beside it beyond float32 rounding (docs/decisions/0038-probe-engine.md).
+``sklearn.linear_model.LogisticRegression``; every fit starts from zero and is converged when its
+largest |gradient entry|, recomputed in float64 at its returned weights, is ≤ ``tol``, so a task's
+result does not depend on the tasks beside it beyond float32 rounding (docs/decisions/0038, 0040).
 
 Memory: the features come from a row source (``take(rows)``, e.g. the memory-mapped feature store),
-never as one panel matrix. A group's float32 design is held in memory when its rows fit
-``memory_mb`` (``design_row_bytes``), else read in chunks at every product; validation and test rows
-are scored in chunks too.
+never as one panel matrix. A group's training rows are stored once (``engine.Design``) and held in
+memory when they fit ``batch_memory_mb`` (``design_row_bytes``), else written to a file in the work
+folder and streamed from there, with the same result; validation and test rows are scored in chunks.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 
-from cellpath.probing.engine import Design, GroupProblem, RowSource, binary_factor, chunks, design_block, fit_group
+from cellpath.probing.engine import (BUILD_ROWS, Design, GroupProblem, RowSource, binary_factor, chunks, design_block,
+                                     fit_group)
 from cellpath.probing.scores import check_c_grid, macro_scores, select_c
 
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
 DEFAULT_TOL = 1e-8        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
 DEFAULT_MAX_ITER = 10000  # L-BFGS iterations per fit; a fit that reaches it is recorded as not converged
 MAX_PADDING = 0.25        # a group pads its smallest task by at most this share of the largest
+AUTO_MEMORY_SHARE = 0.5   # probe.batch_memory_mb: auto takes this share of the worker's available memory
 
 
 @dataclass(frozen=True)
@@ -87,20 +91,6 @@ class ProbeResult:
     test_confidence: np.ndarray  # its probability under the chosen C (softmax over the task's classes)
 
 
-def streamed_standardiser(source: RowSource, rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`standardiser` of ``source``'s ``rows`` in two chunked passes (mean, then squared deviations)."""
-    total = np.zeros(source.width)
-    for _, chunk in chunks(rows, chunk_rows):
-        total += source.take(chunk).sum(axis=0, dtype=np.float64)
-    mean = total / len(rows)
-    squares = np.zeros(source.width)
-    for _, chunk in chunks(rows, chunk_rows):
-        squares += ((source.take(chunk) - mean) ** 2).sum(axis=0)
-    sd = np.sqrt(squares / len(rows))
-    sd[sd < 1e-8] = 1.0
-    return mean, sd
-
-
 def state_row_bytes(n_columns: int) -> int:
     """Fit-state bytes per training row: the float64 logits, logit steps, line-search trials,
     log-probabilities, weights and residuals of ``n_columns`` fit columns (Cs × classes), held for
@@ -109,8 +99,8 @@ def state_row_bytes(n_columns: int) -> int:
 
 
 def design_row_bytes(width: int, n_columns: int) -> int:
-    """Working bytes per training row of a task: its float32 design row (with the ones column) and
-    its fit state (:func:`state_row_bytes`)."""
+    """Working bytes per training row of a task: its stored design row (float32 and a column at most:
+    float16 where the rows are float16 values) and its fit state (:func:`state_row_bytes`)."""
     return 4 * (width + 1) + state_row_bytes(n_columns)
 
 
@@ -134,35 +124,26 @@ def task_groups(tasks: list[ProbeTask], row_bytes: int, budget_bytes: int,
     return groups
 
 
-def standardiser(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature mean and SD (float64) of a task's training rows; an SD below 1e-8 becomes 1."""
-    mean = x_train.mean(axis=0, dtype=np.float64)
-    sd = x_train.std(axis=0, dtype=np.float64)
-    sd[sd < 1e-8] = 1.0
-    return mean, sd
-
-
-def standardised(x: np.ndarray, scaler: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Rows of ``x`` standardised with a task's training ``scaler``, float64: what every fit sees."""
-    mean, sd = scaler
-    return (np.asarray(x, dtype=np.float64) - mean) / sd
-
-
 def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: list[ProbeTask], *,
               c_grid: tuple[float, ...] = DEFAULT_C_GRID, max_iter: int = DEFAULT_MAX_ITER,
-              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: float = 512) -> list[ProbeResult]:
+              tol: float = DEFAULT_TOL, device: str = "cpu", batch_memory_mb: float | str = 512,
+              work_dir: str | os.PathLike | None = None) -> list[ProbeResult]:
     """Fit, select and score every task on one feature matrix or row source ``x`` (cells × D) with labels ``y``.
 
     ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
-    stops on its own test (``tol`` or ``max_iter``); ``ProbeResult.converged`` says whether every C
-    met ``tol``. ``batch_memory_mb``: the design of a group of tasks (``design_row_bytes`` per padded
-    row); a task larger than it alone is streamed in chunks. ``fit_seconds``: the group's wall time
-    shared equally by its tasks. ``c_grid`` must be strictly ascending (ValueError before any fit).
+    stops on its own test (``engine.fit_group``); ``ProbeResult.converged`` says whether every C's
+    largest |gradient entry|, recomputed in float64 at its returned weights, is ≤ ``tol``.
+    ``batch_memory_mb``: the design of a group of tasks (``design_row_bytes`` per padded row), or
+    ``"auto"``: half the memory this worker has available now (:func:`probe_budget_mb` of psutil's
+    ``available``, which counts reclaimable page cache); a task larger than it alone is stored once in a file in
+    ``work_dir`` (default: the system's temporary folder) and streamed from there; held or streamed,
+    its fits are the same to the bit. ``fit_seconds``: the group's wall time shared equally by its
+    tasks. ``c_grid`` must be strictly ascending (ValueError before any fit).
     """
     check_c_grid(c_grid)
     source = InMemoryRows(x) if isinstance(x, np.ndarray) else x
     y = np.asarray(y, dtype=np.int64)
-    budget = int(batch_memory_mb * 1024**2)
+    budget = int(probe_budget_mb(batch_memory_mb, psutil.virtual_memory().available) * 1024**2)
     results: list[ProbeResult | None] = [None] * len(tasks)
     by_classes: dict[int, list[int]] = {}
     for i, task in enumerate(tasks):
@@ -173,8 +154,12 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
         for group in task_groups([tasks[i] for i in positions], row_bytes, budget):
             started = time.perf_counter()
             members = [tasks[positions[g]] for g in group]
-            design, problem, scalers = group_problem(source, y, members, tuple(c_grid), chunk_rows, device)
-            fit = fit_group(design, problem, k, tol=tol, max_iter=max_iter)
+            stream = len(members) == 1 and len(members[0].train) > chunk_rows
+            with Design(source, [task.train for task in members], device, stream=stream, work_dir=work_dir,
+                        read_rows=min(chunk_rows, BUILD_ROWS)) as design:
+                problem = group_problem(design, y, members, tuple(c_grid))
+                fit = fit_group(design, problem, k, tol=tol, max_iter=max_iter)
+                scalers = design.scalers
             scored = []
             for t, task in enumerate(members):
                 weights = torch.zeros(len(c_grid), source.width + 1, n_classes, dtype=torch.float64)
@@ -188,12 +173,15 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
     return results  # type: ignore[return-value]
 
 
-def group_problem(source: RowSource, y: np.ndarray, tasks: list[ProbeTask], c_grid: tuple[float, ...],
-                  chunk_rows: int, device: str) -> tuple[Design, GroupProblem, list[tuple[np.ndarray, np.ndarray]]]:
-    """A group's design (each task's training rows on its own scaler, padded to the largest), its
-    objectives and the scalers."""
-    k, n = len(tasks[0].classes), max(len(task.train) for task in tasks)
-    scalers = [_scaler(source, task.train, chunk_rows) for task in tasks]
+def probe_budget_mb(setting: int | str, available_bytes: float) -> float:
+    """``probe.batch_memory_mb`` in MiB: the number, or for ``"auto"`` ``AUTO_MEMORY_SHARE`` of
+    ``available_bytes`` (at least 16)."""
+    return float(setting) if setting != "auto" else max(16.0, AUTO_MEMORY_SHARE * available_bytes / 1024**2)
+
+
+def group_problem(design: Design, y: np.ndarray, tasks: list[ProbeTask], c_grid: tuple[float, ...]) -> GroupProblem:
+    """The objectives of a group's tasks on ``design`` (each task's training rows, padded to the largest)."""
+    k, n = len(tasks[0].classes), design.n
     labels = np.zeros((len(tasks), n), dtype=np.int64)
     weight = np.zeros((len(tasks), n))
     penalty = np.zeros((len(tasks), len(c_grid)))
@@ -205,14 +193,7 @@ def group_problem(source: RowSource, y: np.ndarray, tasks: list[ProbeTask], c_gr
             raise ValueError("a probe task's training rows carry a class the task does not score")
         weight[t, :len(task.train)] = 1.0 / len(task.train)
         penalty[t] = [binary_factor(k) / (2.0 * c * len(task.train)) for c in c_grid]
-    problem = GroupProblem(*(torch.from_numpy(a).to(device) for a in (labels, weight, penalty)))
-    return Design(source, [task.train for task in tasks], scalers, chunk_rows, device), problem, scalers
-
-
-def _scaler(source: RowSource, rows: np.ndarray, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The training scaler of ``rows``: in one read when they fit ``chunk_rows``, else in chunked passes."""
-    return standardiser(source.take(rows)) if len(rows) <= chunk_rows else streamed_standardiser(source, rows,
-                                                                                                  chunk_rows)
+    return GroupProblem(*(torch.from_numpy(a).to(design.device) for a in (labels, weight, penalty)))
 
 
 def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],

@@ -16,8 +16,10 @@ from cellpath.features.encoders.registry import load_registry
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import paper_params
 from cellpath.planning.workload import panel_summary, probe_workload, robustness_workload
+from cellpath.probing.fit import probe_budget_mb
 from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
                                     parameter_count, save_costs)
+from cellpath.runtime.planning import this_machine
 from helpers.benchmark_scripts import load_benchmark_file
 from helpers.project import PROJECT_ROOT
 
@@ -148,9 +150,9 @@ def _expected_seconds(tmp_path) -> dict[str, float]:
         extract += patches * max(compute, read)
     assert bound == {"read", "compute"}  # both sides of the floor are exercised
     probe = 0.0
+    budget_mb = probe_budget_mb(params.probe.batch_memory_mb, this_machine()["memory_bytes"])  # the plan's worker
     for row in probe_workload(params, specs, params.stage_magnifications(params.probe.magnifications), panel, None):
-        mode = "in_memory" if row["n_train"] <= (params.probe.batch_memory_mb * 1024**2) // row["row_bytes"] \
-            else "streamed"
+        mode = "in_memory" if row["n_train"] <= int(budget_mb * 1024**2) // row["row_bytes"] else "streamed"
         iterations = 100  # the cpu entry's iterations of a run's slowest C: its Cs iterate together
         probe += row["runs"] * (row["width"] + 1) * (
             row["n_train"] * iterations * PROBE["seconds_per_iteration"][mode]

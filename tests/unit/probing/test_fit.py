@@ -75,32 +75,56 @@ def test_correlated_features_reach_sklearns_optimum():
                                    logits_theirs - logits_theirs.mean(axis=1, keepdims=True), atol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_design_block_is_the_float64_standardisation_bit_for_bit_across_its_row_blocks(dtype):
-    from cellpath.probing.engine import STANDARDISE_ROWS, design_block
+def test_a_design_stores_rows_as_read_and_standardises_each_product_chunk(tmp_path):
+    """Rows that are float16 values (the feature store's) are stored as float16, others as float32,
+    nothing rounded; each product standardises its chunk in float32 (within float32 rounding of the
+    float64 standardisation), the float64 products within 1e-12 of it; held and streamed (a file in
+    the work folder, removed on close) give the same bits."""
+    import torch
+
+    from cellpath.probing.engine import PRODUCT_ROWS, Design
+    from cellpath.probing.fit import InMemoryRows
 
     rng = np.random.default_rng(4)
-    raw = (rng.normal(size=(2 * STANDARDISE_ROWS + 37, 24)) * 5 + 3).astype(np.float16)
-    mean, sd = raw.mean(axis=0, dtype=np.float64), raw.std(axis=0, dtype=np.float64)
-    block = design_block(raw, (mean, sd), dtype)
-    assert block.dtype == dtype and block.shape == (len(raw), 25) and (block[:, -1] == 1).all()
-    np.testing.assert_array_equal(block[:, :-1], ((raw.astype(np.float64) - mean) / sd).astype(dtype))
-    assert design_block(raw[:0], (mean, sd)).shape == (0, 25)
+    raw = (rng.normal(size=(2 * PRODUCT_ROWS + 37, 24)) * 5 + 3).astype(np.float16).astype(np.float32)
+    rows = np.arange(len(raw))[::-1].copy()  # any order
+    exact = (raw[rows].astype(np.float64) - raw.mean(axis=0, dtype=np.float64)) / raw.std(axis=0, dtype=np.float64)
+    v = torch.from_numpy(rng.normal(size=(1, 25, 6)))
+    reference = exact @ v[0, :-1].numpy() + v[0, -1].numpy()
+    for stored, values in ((torch.float16, raw), (torch.float32, raw + np.float32(1e-3) * (np.arange(24) == 5))):
+        design = Design(InMemoryRows(values), [rows], "cpu")
+        assert design.stored.dtype == stored and np.array_equal(design.stored[0].float().numpy(), values[rows])
+    design = Design(InMemoryRows(raw), [rows], "cpu")
+    mean, sd = design.scalers[0]
+    np.testing.assert_allclose(mean, raw.mean(axis=0, dtype=np.float64), rtol=1e-13)
+    np.testing.assert_allclose(sd, raw.std(axis=0, dtype=np.float64), rtol=1e-12)
+    np.testing.assert_allclose(design.times(v)[0].numpy(), reference, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(design.exact_times(v, torch.tensor([0]))[0].numpy(), reference, rtol=0, atol=1e-11)
+    r = torch.from_numpy(rng.normal(size=(1, len(rows), 3)))
+    exact_t = np.vstack([exact.T @ r[0].numpy(), r[0].numpy().sum(axis=0)])
+    np.testing.assert_allclose(design.exact_transpose_times(r, torch.tensor([0]))[0].numpy(), exact_t, atol=1e-10)
+    np.testing.assert_allclose(design.transpose_times(r)[0].numpy(), exact_t, atol=2e-3)
+    with Design(InMemoryRows(raw), [rows], "cpu", stream=True, work_dir=tmp_path) as streamed:
+        assert streamed.streamed and len(list(tmp_path.iterdir())) == 1
+        assert torch.equal(streamed.times(v), design.times(v))
+        assert torch.equal(streamed.transpose_times(r), design.transpose_times(r))
+        assert all(torch.equal(a, b) for a, b in zip(streamed.sample(), design.sample()))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_preconditioner_finds_the_leading_eigenpairs():
     import torch
 
     from cellpath.probing.engine import RANK, Design, preconditioner
-    from cellpath.probing.fit import InMemoryRows, standardiser
+    from cellpath.probing.fit import InMemoryRows
 
     rng = np.random.default_rng(9)
     x = (rng.normal(size=(3000, 8)) @ (rng.normal(size=(8, 120)) * np.linspace(10, 1, 8)[:, None])
          + rng.normal(size=(3000, 120))).astype(np.float32)
     rows = np.arange(3000)
-    design = Design(InMemoryRows(x), [rows], [standardiser(x)], chunk_rows=10**6, device="cpu")
+    design = Design(InMemoryRows(x), [rows], "cpu")
     found = preconditioner(design, n_classes=4)
-    standardised = design.held[0, :, :-1].double().numpy()
+    standardised = (x - x.mean(axis=0, dtype=np.float64)) / x.std(axis=0, dtype=np.float64)
     exact = np.linalg.eigvalsh(standardised.T @ standardised / 3000)[::-1]
     np.testing.assert_allclose(found.top[0].numpy()[::-1][:8], exact[:8], rtol=1e-4)
     assert float(found.rest[0]) == pytest.approx(exact[RANK:].mean(), rel=0.15)  # the tail: an estimate
@@ -232,28 +256,40 @@ def test_two_class_fits_are_scikit_learns_binary_model():
 # Streaming: a training set larger than the memory budget is read in chunks at every product
 
 
-def test_a_streamed_fit_equals_the_in_memory_fit():
+def test_a_streamed_fit_equals_the_in_memory_fit(tmp_path):
+    """Held or streamed from its file in the work folder, a task's fits read the same chunks in the
+    same order: the same results to the bit, and the file is gone afterwards."""
     from cellpath.probing.fit import design_row_bytes
 
     x, y = _data(21, 4000, k=4, d=24)
     tasks = _tasks(y, (2500,), ([0, 1, 2, 3],))
     in_memory = fit_tasks(x, y, 4, tasks, tol=1e-7)[0]
-    budget_mb = 100 * design_row_bytes(24, 4 * len(DEFAULT_C_GRID)) / 1024**2  # 100-row chunks: 25 of them
-    streamed = fit_tasks(x, y, 4, tasks, tol=1e-7, batch_memory_mb=budget_mb)[0]
+    budget_mb = 100 * design_row_bytes(24, 4 * len(DEFAULT_C_GRID)) / 1024**2  # 100-row reads: 25 of them
+    streamed = fit_tasks(x, y, 4, tasks, tol=1e-7, batch_memory_mb=budget_mb, work_dir=tmp_path)[0]
     assert in_memory.converged and streamed.converged and in_memory.chosen_c == streamed.chosen_c
-    assert (in_memory.test_pred == streamed.test_pred).all()
+    assert (in_memory.test_pred == streamed.test_pred).all() and in_memory.iterations == streamed.iterations
     for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
-        assert abs(getattr(in_memory, metric) - getattr(streamed, metric)) <= 1e-6
+        assert getattr(in_memory, metric) == getattr(streamed, metric)
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_a_task_is_held_exactly_while_its_rows_fit_the_budget():
-    """A task of n training rows is held when n ≤ budget ÷ design_row_bytes(D, Cs × classes), else streamed:
-    a streamed fit reads its training rows more than once (counted by the row source)."""
+def test_a_task_is_held_exactly_while_its_rows_fit_the_budget(monkeypatch, tmp_path):
+    """A task of n training rows is held when n ≤ budget ÷ design_row_bytes(D, Cs × classes), else
+    streamed from a file in the work folder; either way its training rows are read from the source once."""
+    from cellpath.probing import fit as fit_module
     from cellpath.probing.fit import ProbeTask, design_row_bytes
 
     width, n_classes = 16, 3
     budget_mb = 200 * design_row_bytes(width, n_classes) / 1024**2  # one C: exactly 200 rows held
     x, y = _data(23, 400, k=n_classes, d=width)
+    streamed = []
+
+    class Recorded(fit_module.Design):
+        def close(self):
+            streamed.append(self.streamed)
+            super().close()
+
+    monkeypatch.setattr(fit_module, "Design", Recorded)
 
     class Counting:
         width = 16
@@ -269,19 +305,25 @@ def test_a_task_is_held_exactly_while_its_rows_fit_the_budget():
         source = Counting()
         task = ProbeTask(train=np.arange(n_train), val=np.arange(300, 350), test=np.arange(350, 400),
                          classes=np.arange(n_classes))
-        fit_tasks(source, y, n_classes, [task], c_grid=(1.0,), max_iter=5, batch_memory_mb=budget_mb)
-        train_reads = source.rows_read - 100  # validation and test rows are read once each
-        assert (train_reads == 2 * n_train) == held  # held: the scaler's read and the design's
+        fit_tasks(source, y, n_classes, [task], c_grid=(1.0,), max_iter=5, batch_memory_mb=budget_mb,
+                  work_dir=tmp_path)
+        assert source.rows_read - 100 == n_train  # validation and test rows are read once each
+        assert streamed.pop() == (not held)
 
 
-def test_streaming_bounds_the_memory_of_a_fit():
+def test_streaming_bounds_the_memory_of_a_fit(monkeypatch):
+    """Streamed, a fit holds its reads, labels, weights and the preconditioner's sample (``SAMPLE_ROWS``
+    rows, whatever the budget: 84 MB at D = 1,280), not its design."""
     import tracemalloc
 
+    from cellpath.probing import engine
     from cellpath.probing.fit import design_row_bytes
+
+    monkeypatch.setattr(engine, "SAMPLE_ROWS", 1000)  # 1,000 of 20,000 rows: 0.26 MB
 
     x, y = _data(22, 24000, k=3, d=64)
     tasks = _tasks(y, (20000,), ([0, 1, 2],))
-    design_bytes = 20000 * 65 * 4
+    design_bytes = 20000 * 64 * 4  # float32 rows (these are not float16 values)
 
     def peak(budget_mb: float) -> int:
         tracemalloc.start()
@@ -291,5 +333,5 @@ def test_streaming_bounds_the_memory_of_a_fit():
         return peak_bytes
 
     budget_mb = 500 * design_row_bytes(64, 3) / 1024**2
-    assert peak(64) > design_bytes  # in memory: the (20,000 × 65) float32 design and more
-    assert peak(budget_mb) < design_bytes / 3  # streamed: chunks of 500 rows (~0.1 MB each), labels, weights
+    assert peak(64) > design_bytes  # in memory: the (20,000 × 64) float32 design and more
+    assert peak(budget_mb) < design_bytes / 3  # streamed (a mapped file): reads of 500 rows, labels, weights
