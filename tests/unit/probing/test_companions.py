@@ -7,6 +7,7 @@ runs and within 1 pp on every one (the stated bound)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from cellpath.probing import engine
 from cellpath.probing.fit import InMemoryRows, ProbeTask, fit_tasks
@@ -79,3 +80,23 @@ def test_tied_validation_scores_choose_the_smallest_c_in_every_company():
     alone = fit_tasks(x, y, 2, [task])[0]
     grouped = fit_tasks(x, y, 2, [other, task])[1]
     assert (alone.chosen_c, alone.tied_cs) == (grouped.chosen_c, grouped.tied_cs) == (0.01, 4)
+
+
+def test_a_task_has_the_preconditioner_of_its_own_size_in_any_group(monkeypatch):
+    """Ranks by a task's own size (``engine.rank_for``): a small task beside a large one gets the same
+    eigenpairs as alone, its basis padded with zero columns."""
+    monkeypatch.setattr(engine, "RANK_ROWS", 500)
+    monkeypatch.setattr(engine, "RANK", 12)
+    monkeypatch.setattr(engine, "SMALL_RANK", 4)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((1200, 6)) @ rng.standard_normal((6, 20)) + rng.standard_normal((1200, 20)))
+    source = InMemoryRows(x.astype(np.float32))
+    small, large = np.arange(0, 400), np.arange(400, 1200)
+    alone = engine.preconditioner(engine.Design(source, [small], "cpu"), 3)
+    group = engine.preconditioner(engine.Design(source, [small, large], "cpu"), 3)
+    assert alone.basis.shape == (1, 20, 4) and group.basis.shape == (2, 20, 12)
+    assert torch.equal(group.basis[0, :, :4], alone.basis[0]) and not group.basis[0, :, 4:].any()
+    assert torch.equal(group.top[0, :4], alone.top[0]) and torch.equal(group.rest[0], alone.rest[0])
+    q = torch.from_numpy(rng.standard_normal((1, 2, 21, 3)))
+    penalty = torch.tensor([[0.1, 0.01]], dtype=torch.float64)
+    assert torch.allclose(group.subset(torch.tensor([0])).apply(q, penalty), alone.apply(q, penalty), rtol=1e-13)

@@ -115,8 +115,12 @@ def test_a_design_stores_rows_as_read_and_standardises_each_product_chunk(tmp_pa
 def test_the_preconditioner_finds_the_leading_eigenpairs():
     import torch
 
-    from cellpath.probing.engine import RANK, Design, preconditioner
+    from cellpath.probing import engine
+    from cellpath.probing.engine import Design, preconditioner
     from cellpath.probing.fit import InMemoryRows
+
+    RANK = engine.rank_for(3000, 120)  # of 120 features: the others are taken as their mean
+    assert RANK == engine.SMALL_RANK == 64
 
     rng = np.random.default_rng(9)
     x = (rng.normal(size=(3000, 8)) @ (rng.normal(size=(8, 120)) * np.linspace(10, 1, 8)[:, None])
