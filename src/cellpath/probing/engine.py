@@ -134,33 +134,41 @@ class Design:
 
     def _store(self, source: RowSource, stream: bool, work_dir, read_rows: int) -> np.ndarray | torch.Tensor:
         """Read every task's rows once, ``read_rows`` at a time, into float16 storage, widened to
-        float32 at the first row that is not a float16 value."""
+        float32 at the first row that is not a float16 value. A streamed design's file is removed if
+        reading fails."""
         shape = (len(self.rows), self.n, self.width)
-
-        def allocate(dtype):
-            if not stream:
-                return np.zeros(shape, dtype=dtype)
-            handle, path = tempfile.mkstemp(prefix="probe-design-", suffix=".bin", dir=work_dir)
-            os.close(handle)
-            if self._file is not None:
-                os.unlink(self._file)
-            self._file = path
-            return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
-
-        stored = allocate(np.float16)
-        for t, task_rows in enumerate(self.rows):
-            for start, part in chunks(task_rows, read_rows):
-                block = np.asarray(source.take(part), dtype=np.float32)
-                if stored.dtype == np.float16 and not exactly_float16(block):
-                    wider = allocate(np.float32)
-                    for chunk_start in range(0, self.n, read_rows):
-                        wider[:, chunk_start:chunk_start + read_rows] = stored[:, chunk_start:chunk_start + read_rows]
-                    stored = wider
-                stored[t, start:start + len(part)] = block
+        stored = self._allocate(np.float16, shape, stream, work_dir)
+        try:
+            for t, task_rows in enumerate(self.rows):
+                for start, part in chunks(task_rows, read_rows):
+                    block = np.asarray(source.take(part), dtype=np.float32)
+                    if stored.dtype == np.float16 and not exactly_float16(block):
+                        narrow_file = self._file
+                        wider = self._allocate(np.float32, shape, stream, work_dir)
+                        for first in range(0, self.n, read_rows):
+                            wider[:, first:first + read_rows] = stored[:, first:first + read_rows]
+                        del stored
+                        if narrow_file is not None:
+                            os.unlink(narrow_file)
+                        stored = wider
+                    stored[t, start:start + len(part)] = block
+        except BaseException:
+            del stored
+            self.close()
+            raise
         if stream:
             stored.flush()
             return stored
         return torch.from_numpy(stored).to(self.device)
+
+    def _allocate(self, dtype: type, shape: tuple[int, int, int], stream: bool, work_dir) -> np.ndarray:
+        """Zeroed storage: in memory, or (streamed) a new memory-mapped file in ``work_dir``."""
+        if not stream:
+            return np.zeros(shape, dtype=dtype)
+        handle, path = tempfile.mkstemp(prefix="probe-design-", suffix=".npy", dir=work_dir)
+        os.close(handle)
+        self._file = path
+        return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 
     def close(self) -> None:
         """Remove a streamed design's file."""

@@ -339,3 +339,30 @@ def test_streaming_bounds_the_memory_of_a_fit(monkeypatch):
     budget_mb = 500 * design_row_bytes(64, 3) / 1024**2
     assert peak(64) > design_bytes  # in memory: the (20,000 × 64) float32 design and more
     assert peak(budget_mb) < design_bytes / 3  # streamed (a mapped file): reads of 500 rows, labels, weights
+
+
+def test_a_streamed_design_widens_in_place_and_leaves_no_file_when_its_source_fails(tmp_path):
+    """Rows read 100 at a time: float16 values first, then a row that is not one; the streamed file
+    is rewritten as float32 with every row kept, and one file remains until close. A source that
+    fails mid-way leaves nothing in the work folder."""
+    from cellpath.probing.engine import Design
+    from cellpath.probing.fit import InMemoryRows
+
+    rng = np.random.default_rng(12)
+    raw = rng.normal(size=(350, 8)).astype(np.float16).astype(np.float32)
+    raw[270, 3] = np.float32(0.1)  # not a float16 value
+    with Design(InMemoryRows(raw), [np.arange(350)], "cpu", stream=True, work_dir=tmp_path, read_rows=100) as design:
+        assert design.stored.dtype == np.float32 and np.array_equal(design.stored[0], raw)
+        assert len(list(tmp_path.iterdir())) == 1
+
+    class Failing:
+        width = 8
+
+        def take(self, rows):
+            if rows[0] >= 200:
+                raise OSError("the feature store went away")
+            return raw[rows]
+
+    with pytest.raises(OSError, match="went away"):
+        Design(Failing(), [np.arange(350)], "cpu", stream=True, work_dir=tmp_path, read_rows=100)
+    assert list(tmp_path.iterdir()) == []
