@@ -221,6 +221,39 @@ def companions_rows(d: dict) -> list[Row]:
                 "the same runs fitted as the probe stage groups them", "; ".join(parts), **when(d))]
 
 
+def real_shaped_rows(d: dict) -> list[Row]:
+    """One row per training size: the problems measured there (spectra × priors)."""
+    rows = []
+    for n in sorted({p["n_train"] for p in d["problems"]}):
+        problems = [p for p in d["problems"] if p["n_train"] == n]
+        first = problems[0]
+        iterations = sorted(max(p["engine"]["iterations"]) for p in problems)
+        parts = [f"slowest-C iterations {iterations[0]}–{iterations[-1]}"]
+        before = [max(p["engine_rank_64"]["iterations"]) for p in problems if "engine_rank_64" in p]
+        if before:
+            parts[0] += f" ({min(before)}–{max(before)} with 64 eigenpairs)"
+        parts.append(f"{sum(sum(p['engine']['converged']) for p in problems)}/"
+                     f"{sum(len(p['engine']['converged']) for p in problems)} fits converged (float64 check)")
+        compared = [p for p in problems if "speedup" in p]
+        if compared:
+            speedups = [p["speedup"]["median"] for p in compared]
+            parts.append(f"scikit-learn ÷ engine {min(speedups):.1f}–{max(speedups):.1f}× (median per problem), "
+                         f"the same C on {sum(p['same_c'] for p in compared)}/{len(compared)}, test Macro-F1 within "
+                         f"{max(p['macro_f1_difference_points'] for p in compared):.3f} pp")
+        streamed = [p for p in problems if "streamed_over_held" in p]
+        if streamed:
+            parts.append("streamed ÷ held " + ", ".join(ratio(p["streamed_over_held"]) for p in streamed)
+                         + " (the same fits to the bit)")
+        alphas = sorted({p["alpha"] for p in problems})
+        rows.append(Row("probe on real-shaped problems (`bench_real_shaped.py`)",
+                        f"{len(problems)} problem(s) of {thousands(n)} training cells, D = 1,280 float16, 9 "
+                        f"imbalanced classes, spectra α = {', '.join(f'{a:g}' for a in alphas)}; C grid "
+                        f"{', '.join(map(str, d['c_grid']))}, tol {d['tol']:g}, one thread, {first['rounds']} round(s)",
+                        "scikit-learn lbfgs per C (one BLAS thread), the same selection and test cells",
+                        "; ".join(parts), date=first["date"], commit=first["commit"], machine=machine_of(d)))
+    return rows
+
+
 def slide_read_rows(d: dict) -> list[Row]:
     slide = d["slide"]
     low, high = d["ratio_spread"]
@@ -282,7 +315,8 @@ def pipeline_rows(d: dict) -> list[Row]:
 
 
 BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
-    "companions": companions_rows, "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
+    "companions": companions_rows, "executor": executor_rows, "extract": extract_rows,
+    "fetch_ingest": fetch_ingest_rows, "probe": probe_rows, "real_shaped": real_shaped_rows,
     "robustness": robustness_rows, "scale": scale_rows, "scale_agreement": scale_agreement_rows,
     "slide_read": slide_read_rows, "pipeline": pipeline_rows,
 }
