@@ -267,10 +267,8 @@ def calibrate(results: dict) -> CostModel:
                    for e in results["sizes"] if e["n_cells"] in results["heap_calibration_sizes"])
     per_cell = (heaps[1][1] - heaps[0][1]) / (heaps[1][0] - heaps[0][0])
     base = heaps[0][1] - per_cell * heaps[0][0]
-    iterations = _default_iterations()
     probe = ProbeCosts(seconds_per_iteration=per_iteration, seconds_per_pass=per_pass,
-                       iterations_per_c=iterations["median"], iterations_range=(iterations["p25"], iterations["p75"]),
-                       iterations_source=iterations["source"], heap_base_bytes=base, heap_bytes_per_cell=per_cell,
+                       iterations=_real_shaped_iterations(), heap_base_bytes=base, heap_bytes_per_cell=per_cell,
                        source=f"benchmarks/bench_scale.py at {entry['commit']}: n = {entry['n_cells']:,}, "
                               f"{len(results['c_grid'])} Cs × 9 classes, max_iter {results['max_iter']} and "
                               f"{entry['calibration_max_iter']}; heap: the line through "
@@ -319,21 +317,23 @@ def _largest_fit_bytes(results: dict, entry: dict) -> float:
     return probe_fit_bytes(int(largest["n_train"]), row_bytes, state_bytes, results["budget_mb"])
 
 
-def _default_iterations() -> dict:
-    """L-BFGS iterations to convergence of each run's slowest C (its Cs iterate together) on the default
-    run's probe table (the simulated panel)."""
-    import pandas as pd
+def _real_shaped_iterations():
+    """L-BFGS iterations to convergence of each problem's slowest C (its Cs iterate together) by training
+    size: median and p25–p75 over the problems of ``bench_real_shaped.py`` at each size (spectra and
+    priors), the problems shaped like foundation-model features, never the simulated default."""
+    from cellpath.runtime.costs import Iterations
 
-    from cellpath.io.layout import probe_runs_parquet
-
-    path = probe_runs_parquet(ROOT / "reports")
-    runs = pd.read_parquet(path)
-    ok = runs[(runs["status"] == "ok") & runs["converged"].astype(bool)]
-    iterations = ok["lbfgs_iterations"].astype(float)
-    return {"median": float(iterations.median()), "p25": float(iterations.quantile(0.25)),
-            "p75": float(iterations.quantile(0.75)),
-            "source": f"{path.relative_to(ROOT)}: {len(ok)} converged runs of the default (simulated) panel, "
-                      "the slowest C of each; real features may need more"}
+    record = json.loads((ROOT / "benchmarks" / "results" / "real_shaped.json").read_text())
+    by_size: dict[int, list[int]] = {}
+    for problem in record["problems"]:
+        by_size.setdefault(problem["n_train"], []).append(max(problem["engine"]["iterations"]))
+    sizes = sorted(by_size)
+    quartiles = [np.quantile(by_size[n], [0.5, 0.25, 0.75]) for n in sizes]
+    counts = ", ".join(f"{len(by_size[n])} at {n:,}" for n in sizes)
+    return Iterations(tuple(float(n) for n in sizes), *(tuple(float(q[i]) for q in quartiles) for i in range(3)),
+                      source=f"benchmarks/results/real_shaped.json ({record['date']}, {record['commit']}): problems "
+                             f"shaped like foundation-model features (D = 1,280, nine imbalanced classes, power-law "
+                             f"spectra), {counts} rows, tol {record['tol']:g}")
 
 
 def _extract_costs() -> ExtractCosts:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from cellpath.runtime.costs import COSTS_PATH, PROBE_MODES, CostModel, load_costs
@@ -93,14 +94,14 @@ def probe_entry(record: dict, name: str, model: CostModel) -> dict:
         missing = [mode for mode in PROBE_MODES if mode not in (result.get(key) or {})]
         if missing:
             raise MergeError(f"part c's result has no {key} for {', '.join(missing)} (needs {', '.join(PROBE_MODES)})")
-    own = {key: result[key] for key in ("iterations_per_c", "iterations_range", "iterations_source") if key in result}
+    own = result.get("iterations")
     heap = {key: result[key] for key in ("heap_base_bytes", "heap_bytes_per_cell") if key in result}
-    if (len(own) < 3 or len(heap) < 2) and cpu is None:
+    if (own is None or len(heap) < 2) and cpu is None:
         raise MergeError("part c gives no iterations or heap, and the cost model has no cpu probe entry to take "
                          "them from")
-    iterations = own if len(own) == 3 else {"iterations_per_c": cpu.iterations_per_c,
-                                            "iterations_range": list(cpu.iterations_range),
-                                            "iterations_source": f"the cpu entry's: {cpu.iterations_source}"}
+    iterations = {"iterations": own if own is not None else {
+        **{key: list(value) for key, value in asdict(cpu.iterations).items() if key != "source"},
+        "source": f"the cpu entry's: {cpu.iterations.source}"}}
     heap_measured = len(heap) == 2
     heap = heap if heap_measured else {"heap_base_bytes": cpu.heap_base_bytes,
                                         "heap_bytes_per_cell": cpu.heap_bytes_per_cell}

@@ -142,7 +142,8 @@ def _plan(args: argparse.Namespace) -> None:
     print(run(load_params(args.params), Path(args.data_dir), preset=args.preset, costs_path=Path(args.costs),
               worker_cores=args.worker_cores, worker_memory_gb=args.worker_memory_gb,
               deadline_days=args.deadline_days, as_json=args.json, models=args.models,
-              node_gpus=args.node_gpus))
+              node_gpus=args.node_gpus, reports_dir=Path(args.reports_dir),
+              pilot=Path(args.pilot) if args.pilot else None))
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -288,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "extraction and their probe and robustness runs, on the same panel")
             stage.add_argument("--node-gpus", type=int, default=8,
                                help="GPUs of the node whose days the plan prints (default: %(default)s)")
+            stage.add_argument("--pilot", metavar="RUNS_PARQUET", help="the probe's L-BFGS iterations from this run "
+                               "table on real features (default: the project's own if source is 10x, else costs.json)")
     return parser
 
 

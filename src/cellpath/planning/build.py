@@ -12,16 +12,18 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+import pandas as pd
+
 from cellpath.config import Params
 from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
 from cellpath.features.panel import load_panel_cells
-from cellpath.io.layout import panels_csv
+from cellpath.io.layout import DEFAULT_REPORTS_DIR, panels_csv, probe_runs_parquet
 from cellpath.planning.paper import paper_comparison, paper_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload)
 from cellpath.probing.fit import probe_budget_mb
-from cellpath.runtime.costs import COSTS_PATH, load_costs
+from cellpath.runtime.costs import COSTS_PATH, Iterations, load_costs, pilot_iterations
 from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
                                        week_summary)
 
@@ -41,13 +43,35 @@ def chosen_encoders(encoders: list[EncoderSpec], models: list[str] | None, prese
     return [spec for spec in encoders if spec.slug in models]
 
 
+def pilot_iterations_for(params: Params, reports_dir: Path, pilot: Path | None) -> Iterations | None:
+    """The probe iterations a plan takes from a pilot run on real features: the run table ``pilot``
+    (``--pilot``), else the project's own (``reports/probe/runs.parquet``) when its sections are
+    real (``source: 10x``) and it has one; None: the cost model's, measured on problems shaped like
+    real features (``benchmarks/bench_real_shaped.py``), never the simulated default."""
+    path = pilot if pilot is not None else probe_runs_parquet(reports_dir) if params.source == "10x" else None
+    if path is None or (pilot is None and not path.is_file()):
+        return None
+    needed = ["status", "n_train", "lbfgs_iterations", "converged"]
+    try:
+        runs = pd.read_parquet(path, columns=needed)
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"{path}: not a probe run table with columns {', '.join(needed)} ({error}); give "
+                          "--pilot the reports/probe/runs.parquet of a probe run on real features") from error
+    fitted = runs[(runs["status"] == "ok") & runs["converged"].fillna(False).astype(bool)]
+    return pilot_iterations(fitted["n_train"].astype(int).tolist(), fitted["lbfgs_iterations"].astype(int).tolist(),
+                            str(path))
+
+
 def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
-               deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8) -> dict:
+               deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8,
+               reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None) -> dict:
     """The plan: panel, features, probe runs, per-stage estimates, the workers to finish within
     ``deadline_days`` days and the days on one node of ``node_gpus`` GPUs. Workers default to this
     machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
-    configuration: their extraction and their probe and robustness runs, on the same panel."""
+    configuration: their extraction and their probe and robustness runs, on the same panel. The
+    probe's iterations: :func:`pilot_iterations_for`, else the cost model's."""
+    iterations = pilot_iterations_for(params, reports_dir, pilot)  # the project's own sections decide
     if preset == "paper":
         params = paper_params(params)
     data_dir = Path(data_dir)
@@ -77,7 +101,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
         probe_budget_mb=probe_budget_mb(params.probe.batch_memory_mb, worker_memory),
         c_grid_size=len(params.probe.c_grid),
         full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors)
-    estimates = stage_estimates(model, work)
+    estimates = stage_estimates(model, work, iterations)
     return {"preset": preset, "models": [spec.slug for spec in encoders] if models else None,
             "configured_encoders": len(configured),
             "hardware": {"cpus": machine["cpus"], "gpus": machine["gpus"]},

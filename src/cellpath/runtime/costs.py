@@ -13,8 +13,8 @@ Probe fit, per run (its whole C grid), mode = in memory or streamed as ``fit_tas
 
     seconds = w · (n_train · iterations · s_iteration + (n_train + n_val + n_test) · s_pass)
 
-(``iterations``: the L-BFGS iterations of the run's slowest C, the engine iterating every C of a run
-in one product; ``s_iteration`` measured with the default's C grid and nine classes; ``s_pass``: one
+(``iterations``: the L-BFGS iterations of the run's slowest C at its training size, :class:`Iterations`,
+the engine iterating every C of a run in one product; ``s_iteration`` measured with the default's C grid and nine classes; ``s_pass``: one
 read, standardisation and product of a row, as the standardiser, preconditioner and scoring make). Robustness, per scored unit of n
 cells of width w: ``n² · w · s_full`` when n ≤ ``full_max_cells``, else ``anchors · n · w ·
 s_anchor``; heap ``base + queries · w · b_query + n · b_cell`` (queries: n or the anchors). Extraction: ``patches · GFLOP per patch · s_per_gflop``, the GFLOP of a ViT patch
@@ -25,7 +25,8 @@ s_read · (input / 224)²)``, the forward pass and the CPU workers' reading over
 
 The ``cuda`` entry is in seconds of one GPU (its ``cores`` is 1: core-seconds there are GPU-seconds),
 measured by ``benchmarks/gpu/run.sh``; what it copies from the ``cpu`` entry (host heap, patches
-per cell, iterations) its ``source`` says.
+per cell, iterations) its ``source`` says. A plan may take its iterations from a pilot run instead
+(:func:`pilot_iterations`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -44,14 +46,43 @@ FEATURE_BYTES = 2  # float16 per stored feature value (features.store)
 
 
 @dataclass(frozen=True)
+class Iterations:
+    """L-BFGS iterations of a run's slowest C (every C of a run iterates together) by training size:
+    the median and p25–p75 at each measured ``n_train``, interpolated linearly in log n between them
+    and held beyond the ends; ``source`` says what was measured (problems like real features, or a
+    pilot run on them, never the simulated default)."""
+
+    n_train: tuple[float, ...]
+    median: tuple[float, ...]
+    p25: tuple[float, ...]
+    p75: tuple[float, ...]
+    source: str
+
+    def at(self, n_train: float) -> tuple[float, float, float]:
+        """(median, p25, p75) at a training size."""
+        where = math.log(max(n_train, 1.0))
+        sizes = [math.log(n) for n in self.n_train]
+        if where <= sizes[0] or len(sizes) == 1:
+            return self.median[0], self.p25[0], self.p75[0]
+        if where >= sizes[-1]:
+            return self.median[-1], self.p25[-1], self.p75[-1]
+        i = next(i for i in range(1, len(sizes)) if where <= sizes[i])
+        share = (where - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+        return tuple(row[i - 1] + share * (row[i] - row[i - 1]) for row in (self.median, self.p25, self.p75))
+
+    def describe(self) -> str:
+        """The table in words, for the plan's source lines."""
+        points = ", ".join(f"{m:g} at {n:,.0f}" for n, m in zip(self.n_train, self.median))
+        return f"L-BFGS iterations of a run's slowest C by training size (median {points}): {self.source}"
+
+
+@dataclass(frozen=True)
 class ProbeCosts:
     """Seconds per training row and design column: per L-BFGS iteration and per read pass, by mode."""
 
     seconds_per_iteration: dict[str, float]
     seconds_per_pass: dict[str, float]
-    iterations_per_c: float          # L-BFGS iterations to convergence of a run's slowest C (see source)
-    iterations_range: tuple[float, float]
-    iterations_source: str
+    iterations: Iterations
     heap_base_bytes: float           # the stage's heap beyond the fit budget: interpreter, torch, ...
     heap_bytes_per_cell: float       # ... and the panel's cell table and plan, per panel cell
     source: str
@@ -120,14 +151,19 @@ def load_costs(path: Path = COSTS_PATH) -> CostModel:
         for device, parts in raw["devices"].items():
             probe = parts.get("probe")
             devices[device] = DeviceCosts(
-                probe=None if probe is None else ProbeCosts(**{**probe,
-                                                              "iterations_range": tuple(probe["iterations_range"])}),
+                probe=None if probe is None else ProbeCosts(**{**probe, "iterations": iterations_from(
+                    probe["iterations"])}),
                 robustness=None if parts.get("robustness") is None else RobustnessCosts(**parts["robustness"]),
                 extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]))
         return CostModel(machine=raw["machine"], devices=devices)
     except (OSError, KeyError, TypeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{path}: not a readable cost model ({error}); rewrite it with "
                           "`python benchmarks/bench_scale.py --calibrate`") from error
+
+
+def iterations_from(data: dict) -> Iterations:
+    """An :class:`Iterations` from its JSON form (lists for the tuples)."""
+    return Iterations(**{key: value if key == "source" else tuple(value) for key, value in data.items()})
 
 
 def _device_dict(costs: DeviceCosts) -> dict:
@@ -147,6 +183,22 @@ def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
 
 
 # --- probe ------------------------------------------------------------------------------------------------------
+
+def pilot_iterations(n_train: list[int], iterations: list[int], source: str) -> Iterations:
+    """Iterations measured on a pilot run's fitted, converged runs (their training sizes and the
+    iterations of each run's slowest C): the median and p25–p75 at every size."""
+    if not iterations:
+        raise ConfigError(f"{source}: no fitted, converged probe run to take iterations from")
+    q25, q50, q75 = (float(v) for v in _quantiles(iterations))
+    return Iterations((float(statistics.median(n_train)),), (q50,), (q25,), (q75,),
+                      f"{source}: {len(iterations):,} converged runs on real features, n_train "
+                      f"{min(n_train):,}–{max(n_train):,}")
+
+
+def _quantiles(values: list[int]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    return tuple(statistics.quantiles(ordered, n=4, method="inclusive")) if len(ordered) > 1 else (ordered[0],) * 3
+
 
 def probe_mode(n_train: int, row_bytes: int, budget_mb: float) -> str:
     """``in_memory`` when the task's design fits ``budget_mb``, else ``streamed``; ``row_bytes``: a

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from cellpath.runtime.costs import (CostModel, ExtractCosts, ProbeCosts, RobustnessCosts, extract_seconds,
-                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes,
-                                    robustness_seconds, workers_needed)
+from cellpath.runtime.costs import (CostModel, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
+                                    extract_seconds, patch_gflop, probe_fit_seconds, probe_heap_bytes,
+                                    robustness_heap_bytes, robustness_seconds, workers_needed)
 
 STAGES = ("extract", "probe", "robustness")
 DEVICES = ("cpu", "cuda")
@@ -63,13 +63,15 @@ def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob) -> dict:
             "source": f"{gflop:.1f} GFLOP per patch; {costs.source}"}
 
 
-def probe_estimate(costs: ProbeCosts, device: str, work: Workload) -> dict:
-    """Every fitted probe run, one core each, at the cost model's iterations of a run's slowest C and
-    their p25–p75 range (every C of a run iterates together)."""
+def probe_estimate(costs: ProbeCosts, device: str, work: Workload, iterations: Iterations | None = None) -> dict:
+    """Every fitted probe run, one core each, at the iterations of a run's slowest C for its training
+    size (``iterations``, else the cost model's) and their p25–p75 range (every C of a run iterates
+    together)."""
+    table = iterations or costs.iterations
     totals = [sum(row["runs"] * probe_fit_seconds(
         costs, n_train=row["n_train"], n_val=row["n_val"], n_test=row["n_test"], width=row["width"],
-        row_bytes=row["row_bytes"], iterations=iterations, budget_mb=work.probe_budget_mb)
-        for row in work.probe_shapes) for iterations in (costs.iterations_per_c, *costs.iterations_range)]
+        row_bytes=row["row_bytes"], iterations=table.at(row["n_train"])[column], budget_mb=work.probe_budget_mb)
+        for row in work.probe_shapes) for column in range(3)]
     return {"stage": "probe", "what": "every fitted run", "device": device,
             "units": sum(row["runs"] for row in work.probe_shapes), "unit": "run", "seconds": totals[0],
             "core_seconds": totals[0], "core_seconds_range": totals[1:],
@@ -78,9 +80,7 @@ def probe_estimate(costs: ProbeCosts, device: str, work: Workload) -> dict:
                                                       state_bytes=row["state_bytes"], tasks=row["runs"])
                                      for row in work.probe_shapes),
             "disk_bytes": None,
-            "source": f"{costs.iterations_per_c:g} L-BFGS iterations per run (range {costs.iterations_range[0]:g}–"
-                      f"{costs.iterations_range[1]:g}; its {work.c_grid_size} Cs together), {costs.iterations_source}; "
-                      f"{costs.source}"}
+            "source": f"{table.describe()} (its {work.c_grid_size} Cs together); {costs.source}"}
 
 
 def robustness_estimate(costs: RobustnessCosts, device: str, work: Workload) -> dict:
@@ -96,17 +96,18 @@ def robustness_estimate(costs: RobustnessCosts, device: str, work: Workload) -> 
             "disk_bytes": None, "source": costs.source}
 
 
-def stage_estimates(model: CostModel, work: Workload) -> list[dict]:
+def stage_estimates(model: CostModel, work: Workload, iterations: Iterations | None = None) -> list[dict]:
     """Per device the cost model measured, the estimates of every stage it has costs for (extract:
     one per encoder): seconds on one calibration worker, core-seconds, the largest task's peak memory
-    (bytes) and the disk written (bytes; None: tables only)."""
+    (bytes) and the disk written (bytes; None: tables only). ``iterations``: a pilot's, for the
+    probe on every device (else each device's own)."""
     out = []
     for device in sorted(model.devices):
         costs = model.costs(device)
         if costs.extract is not None:
             out += [extract_estimate(costs.extract, device, job) for job in work.extract]
         if costs.probe is not None and work.probe_shapes:
-            out.append(probe_estimate(costs.probe, device, work))
+            out.append(probe_estimate(costs.probe, device, work, iterations))
         if costs.robustness is not None and work.robustness_units:
             out.append(robustness_estimate(costs.robustness, device, work))
     return out

@@ -17,7 +17,7 @@ from cellpath.planning.build import build_plan
 from cellpath.planning.paper import paper_params
 from cellpath.planning.workload import panel_summary, probe_workload, robustness_workload
 from cellpath.probing.fit import probe_budget_mb
-from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
+from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
                                     parameter_count, save_costs)
 from cellpath.runtime.planning import this_machine
 from helpers.benchmark_scripts import load_benchmark_file
@@ -47,8 +47,8 @@ def costs(tmp_path):
     """A CPU-only cost model with round numbers (a test file, not the measured one)."""
     model = CostModel(machine={"cpus": 2, "memory_gb": 24}, devices={"cpu": DeviceCosts(
         probe=ProbeCosts(seconds_per_iteration={"in_memory": 1e-9, "streamed": 2e-9},
-                         seconds_per_pass={"in_memory": 1e-9, "streamed": 2e-9}, iterations_per_c=100,
-                         iterations_range=(50, 200), iterations_source="test", heap_base_bytes=5e8,
+                         seconds_per_pass={"in_memory": 1e-9, "streamed": 2e-9},
+                         iterations=Iterations((1_000.0,), (100.0,), (50.0,), (200.0,), "test"), heap_base_bytes=5e8,
                          heap_bytes_per_cell=1000, source="test probe"),
         robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
                                    heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2,
@@ -101,7 +101,7 @@ def test_the_merge_writes_cuda_and_leaves_the_cpu_entry_as_it_was(merge, costs, 
     assert extract["seconds_per_patch_read"] == pytest.approx(1 / READ_PER_S)
     assert extract["cores"] == 1 and extract["patches_per_cell_224"]["20x"] == 0.015
     assert cuda["probe"]["seconds_per_iteration"] == PROBE["seconds_per_iteration"]
-    assert cuda["probe"]["iterations_per_c"] == 100 and "the cpu entry" in cuda["probe"]["source"]
+    assert cuda["probe"]["iterations"]["median"] == [100.0] and "the cpu entry" in cuda["probe"]["source"]
     assert cuda["robustness"]["seconds_per_pair_full"] == PAIR_FULL and cuda["robustness"]["cores"] == 1
     for part in cuda.values():
         assert part["source"].startswith("gpu.json (2026-12-05, abc1234, NVIDIA H200)")

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pandas as pd
 import pytest
 import yaml
 
 from cellpath.cli import main
+from cellpath.commands.plan import run as plan_text
 from cellpath.config import load_params, parse_params
+from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import load_registry
 from cellpath.features.readouts import readout_available, readout_width
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3, paper_params
-from cellpath.runtime.costs import CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts, save_costs
+from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
+                                    load_costs, save_costs)
 from helpers.project import PROJECT_ROOT
 
 
@@ -38,8 +43,8 @@ def costs(tmp_path):
     """A cost model with round numbers (CPU only): a test file, not the measured one."""
     model = CostModel(machine={"cpus": 2, "memory_gb": 24}, devices={"cpu": DeviceCosts(
         probe=ProbeCosts(seconds_per_iteration={"in_memory": 0.0, "streamed": 0.0},
-                         seconds_per_pass={"in_memory": 1e-9, "streamed": 2e-9}, iterations_per_c=100,
-                         iterations_range=(50, 200), iterations_source="test", heap_base_bytes=5e8,
+                         seconds_per_pass={"in_memory": 1e-9, "streamed": 2e-9},
+                         iterations=Iterations((1_000.0,), (100.0,), (50.0,), (200.0,), "test"), heap_base_bytes=5e8,
                          heap_bytes_per_cell=1000, source="test probe"),
         robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
                                    heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test robustness"),
@@ -145,7 +150,7 @@ def test_one_model_of_the_paper_is_its_share_of_every_stage(at_root, tmp_path):
     per_mode = {"in_memory": 1e-10, "streamed": 1e-10}
     model = CostModel(machine={"cpus": 2}, devices={"cpu": DeviceCosts(
         probe=ProbeCosts(seconds_per_iteration=per_mode, seconds_per_pass={m: 1e-9 for m in per_mode},
-                         iterations_per_c=100, iterations_range=(50, 200), iterations_source="test",
+                         iterations=Iterations((1_000.0,), (100.0,), (50.0,), (200.0,), "test"),
                          heap_base_bytes=0, heap_bytes_per_cell=0, source="test probe"),
         robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
                                    heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test"),
@@ -193,3 +198,43 @@ def test_cli_plan_of_one_model_and_an_unknown_slug(at_root, tmp_path, costs, cap
     error = capsys.readouterr().err
     assert "--models: no encoder 'unii' in the paper configuration (did you mean 'uni'?)" in error
     assert "its 30 slugs: h-optimus-1, h-optimus-0, prov-gigapath" in error and "dinov3-vit-b-16" in error
+
+
+def test_the_plan_takes_its_iterations_from_a_pilot_on_real_features(at_root, tmp_path, costs):
+    """A pilot run table (``--pilot``, or the project's own when ``source: 10x``) replaces the cost
+    model's iterations; on simulated sections the project's own table is never used."""
+    from cellpath.io.layout import probe_runs_parquet
+
+    params = load_params("params.yaml")
+    model = load_costs(costs)  # with a cost per iteration, so that the iterations show in the core-hours
+    probe_costs = dataclasses.replace(model.costs("cpu").probe, seconds_per_iteration={"in_memory": 1e-9,
+                                                                                        "streamed": 1e-9})
+    save_costs(CostModel(model.machine, {"cpu": dataclasses.replace(model.costs("cpu"), probe=probe_costs)}), costs)
+    runs = pd.DataFrame({"status": ["ok", "ok", "ok", "skipped", "ok"], "n_train": [5_000, 7_000, 9_000, None, 8_000],
+                         "lbfgs_iterations": [300, 400, 500, None, 10_000],
+                         "converged": [True, True, True, None, False]})
+    pilot = tmp_path / "pilot.parquet"
+    runs.to_parquet(pilot)
+    (tmp_path / "reports" / "probe").mkdir(parents=True)
+    runs.to_parquet(probe_runs_parquet(tmp_path / "reports"))
+
+    def probe(plan):
+        return next(e for e in plan["estimates"] if e["stage"] == "probe")
+
+    benchmark = probe(build_plan(params, tmp_path / "data", preset="paper", costs_path=costs))
+    assert benchmark["source"].startswith("L-BFGS iterations of a run's slowest C by training size (median 100 at")
+    assert ": test" in benchmark["source"]
+    piloted = probe(build_plan(params, tmp_path / "data", preset="paper", costs_path=costs, pilot=pilot))
+    assert str(pilot) in piloted["source"] and "3 converged runs on real features" in piloted["source"]
+    printed = plan_text(params, tmp_path / "data", preset="paper", costs_path=costs, pilot=pilot)
+    assert f"source: {piloted['source']}" in printed  # the plan names where its iterations come from
+    assert piloted["core_seconds_range"][0] > 5 * benchmark["core_seconds_range"][0]  # p25 350 against 50
+    own = parse_params(params.model_dump(mode="json") | {"source": "10x"})
+    assert probe(build_plan(own, tmp_path / "data", preset="paper", costs_path=costs,
+                            reports_dir=tmp_path / "reports"))["source"] == piloted["source"].replace(
+        str(pilot), str(probe_runs_parquet(tmp_path / "reports")))
+    assert probe(build_plan(params, tmp_path / "data", preset="paper", costs_path=costs,
+                            reports_dir=tmp_path / "reports"))["source"] == benchmark["source"]  # synthetic: not used
+    (tmp_path / "broken.parquet").write_text("not a table")
+    with pytest.raises(ConfigError, match="broken.parquet: not a probe run table"):
+        build_plan(params, tmp_path / "data", preset="paper", costs_path=costs, pilot=tmp_path / "broken.parquet")

@@ -8,16 +8,17 @@ import json
 import pytest
 
 from cellpath.errors import ConfigError
-from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, ProbeCosts, RobustnessCosts,
-                                    extract_patches, extract_seconds, feature_bytes, load_costs, parameter_count,
-                                    patch_gflop, probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes,
-                                    robustness_seconds, save_costs, workers_needed)
+from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts,
+                                    RobustnessCosts, extract_patches, extract_seconds, feature_bytes, load_costs,
+                                    parameter_count, patch_gflop, pilot_iterations, probe_fit_seconds,
+                                    probe_heap_bytes, robustness_heap_bytes, robustness_seconds, save_costs,
+                                    workers_needed)
 from helpers.project import PROJECT_ROOT
 
 PROBE = ProbeCosts(seconds_per_iteration={"in_memory": 1e-9, "streamed": 3e-9},
-                   seconds_per_pass={"in_memory": 2e-9, "streamed": 5e-9}, iterations_per_c=300,
-                   iterations_range=(200, 400), iterations_source="test", heap_base_bytes=5e8, heap_bytes_per_cell=700,
-                   source="test")
+                   seconds_per_pass={"in_memory": 2e-9, "streamed": 5e-9},
+                   iterations=Iterations((1_000.0,), (300.0,), (200.0,), (400.0,), "test"), heap_base_bytes=5e8,
+                   heap_bytes_per_cell=700, source="test")
 ROBUSTNESS = RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=2e-10, heap_base_bytes=1e8,
                              heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test")
 
@@ -142,3 +143,21 @@ def test_the_stored_model_agrees_with_the_benchmark_it_was_measured_by():
     for row in again["rows"]:
         for key in ("ratio_s", "ratio_heap"):
             assert row[key] is None or 0.5 <= row[key] <= 2.0, row
+
+
+def test_iterations_interpolate_in_log_training_size_and_hold_beyond_the_ends():
+    table = Iterations((5_000.0, 20_000.0, 100_000.0), (80.0, 130.0, 150.0), (60.0, 100.0, 120.0),
+                       (90.0, 160.0, 200.0), "test")
+    assert table.at(1_000) == (80.0, 60.0, 90.0) and table.at(5_000) == (80.0, 60.0, 90.0)
+    assert table.at(10_000) == pytest.approx((105.0, 80.0, 125.0))  # halfway from 5,000 to 20,000 in log n
+    assert table.at(20_000) == pytest.approx((130.0, 100.0, 160.0))
+    assert table.at(4_000_000) == (150.0, 120.0, 200.0)
+    assert "median 80 at 5,000, 130 at 20,000, 150 at 100,000" in table.describe()
+
+
+def test_pilot_iterations_are_the_quartiles_of_its_converged_runs():
+    table = pilot_iterations([1_000, 3_000, 9_000, 9_000, 12_000], [40, 50, 60, 70, 200], "runs.parquet")
+    assert table.at(10) == table.at(10**7) == (60.0, 50.0, 70.0)
+    assert table.n_train == (9_000.0,) and "5 converged runs on real features, n_train 1,000–12,000" in table.source
+    with pytest.raises(ConfigError, match="runs.parquet: no fitted, converged probe run"):
+        pilot_iterations([], [], "runs.parquet")
