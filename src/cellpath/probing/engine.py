@@ -251,19 +251,18 @@ class Design:
         out[:, -1] = r.sum(dim=1)
         return out
 
-    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """At most ``SAMPLE_ROWS`` evenly spaced rows per task, standardised as the products are
-        (T, m, D) float32, zero past a task's own rows, and how many of them are the task's (T,).
-        A task's rows are spaced by its own size, so its sample is the same in any group, held or streamed."""
-        taken = [np.arange(0, len(rows), -(-len(rows) // SAMPLE_ROWS)) for rows in self.rows]
-        x = torch.zeros((len(self.rows), max(len(p) for p in taken), self.width), dtype=torch.float32,
-                        device=self.device)
-        for t, positions in enumerate(taken):
+    def sample(self) -> list[torch.Tensor]:
+        """Each task's at most ``SAMPLE_ROWS`` evenly spaced rows, standardised as the products are
+        (m_t, D) float32. A task's rows are spaced by its own size and never padded to another's, so its
+        sample, and every product made from it, is the same in any group, held or streamed."""
+        samples = []
+        for t, rows in enumerate(self.rows):
+            positions = np.arange(0, len(rows), -(-len(rows) // SAMPLE_ROWS))
             raw = self.stored[t][torch.from_numpy(positions).to(self.device) if torch.is_tensor(self.stored)
                                  else positions]
             raw = raw if torch.is_tensor(raw) else torch.from_numpy(np.asarray(raw)).to(self.device)
-            x[t, :len(positions)] = torch.sub(raw, self._shift[t]).mul_(self._scale[t])
-        return x, self.counts.new_tensor([len(p) for p in taken])
+            samples.append(torch.sub(raw.to(torch.float32), self._shift[t]).mul_(self._scale[t]))
+        return samples
 
     def __enter__(self) -> "Design":
         return self
@@ -310,35 +309,32 @@ def rank_for(n_rows: int, width: int) -> int:
 
 def preconditioner(design: Design, n_classes: int) -> Preconditioner:
     """Each task's top :func:`rank_for` eigenpairs of XᵀX/n by seeded randomised subspace iteration
-    on :meth:`Design.sample` (float32 products, float64 eigen-decomposition of the projected matrix),
-    the tasks of one rank together; a smaller rank's basis is padded with zero columns, which apply nothing."""
-    x, counts = design.sample()
-    t, _, d = x.shape
+    on its :meth:`Design.sample` (float32 products, float64 eigen-decomposition of the projected
+    matrix), a task at a time so that no task's numbers depend on its group (a batched product over
+    rows padded to the group's largest task sums in another order on some BLAS kernels); a smaller
+    rank's basis is padded with zero columns, which apply nothing."""
+    samples = design.sample()
+    d = design.width
     ranks = [rank_for(len(rows), d) for rows in design.rows]
-    basis = torch.zeros((t, d, max(ranks)), dtype=torch.float64, device=x.device)
-    top = torch.zeros((t, max(ranks)), dtype=torch.float64, device=x.device)
-    rest = torch.zeros(t, dtype=torch.float64, device=x.device)
-    for r in sorted(set(ranks)):
-        tasks = torch.tensor([i for i, rank in enumerate(ranks) if rank == r], device=x.device)
-        basis[tasks, :, :r], top[tasks, :r], rest[tasks] = _eigenpairs(x[tasks], counts[tasks], r)
+    basis = torch.zeros((len(samples), d, max(ranks)), dtype=torch.float64, device=design.device)
+    top = torch.zeros((len(samples), max(ranks)), dtype=torch.float64, device=design.device)
+    rest = torch.zeros(len(samples), dtype=torch.float64, device=design.device)
+    for t, (x, r) in enumerate(zip(samples, ranks)):
+        basis[t, :, :r], top[t, :r], rest[t] = _eigenpairs(x, r)
     return Preconditioner(basis, top, rest, 0.5 / n_classes)
 
 
-def _eigenpairs(x: torch.Tensor, counts: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top ``r`` eigenvectors (T, D, r) and eigenvalues (T, r) of each task's XᵀX/n from its sample
-    rows ``x`` (T, m, D), and the mean of its other eigenvalues (T,)."""
-    t, _, d = x.shape
-    omega = np.random.default_rng(0).standard_normal((d, r)).astype(np.float32)
-    basis = torch.from_numpy(omega).to(x.device).expand(t, d, r)
+def _eigenpairs(x: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top ``r`` eigenvectors (D, r) and eigenvalues (r,) of XᵀX/m from a task's sample rows ``x``
+    (m, D), and the mean of its other eigenvalues (a scalar)."""
+    m, d = x.shape
+    basis = torch.from_numpy(np.random.default_rng(0).standard_normal((d, r)).astype(np.float32)).to(x.device)
     for _ in range(POWER_STEPS + 1):
-        basis = torch.linalg.qr(torch.bmm(x.transpose(1, 2), torch.bmm(x, basis)).to(torch.float64))[0]
-        basis = basis.to(torch.float32)
-    projected = torch.bmm(x, basis).to(torch.float64)
-    small = torch.bmm(projected.transpose(1, 2), projected) / counts[:, None, None]
-    top, vectors = torch.linalg.eigh(small)
-    trace = torch.stack([part.square().sum(dtype=torch.float64) for part in x]) / counts  # a task at a time
-    rest = ((trace - top.sum(dim=1)) / max(d - r, 1)).clamp(min=0.0)
-    return torch.bmm(basis.to(torch.float64), vectors), top.clamp(min=0.0), rest
+        basis = torch.linalg.qr((x.T @ (x @ basis)).to(torch.float64))[0].to(torch.float32)
+    projected = (x @ basis).to(torch.float64)
+    top, vectors = torch.linalg.eigh(projected.T @ projected / m)
+    rest = ((x.square().sum(dtype=torch.float64) / m - top.sum()) / max(d - r, 1)).clamp(min=0.0)
+    return basis.to(torch.float64) @ vectors, top.clamp(min=0.0), rest
 
 
 @dataclass
