@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
-from cellpath.probing.stats import (cell_representation_advantage, cell_representation_transferability,
+from cellpath.probing.stats import (PERMUTATION_UNITS, cell_representation_advantage, cell_representation_transferability,
                                     organ_level_scores, pairwise_wins, pooled_cell_representation_advantage,
-                                    protocol_summary, taxonomy_rank_agreement, win_counts)
+                                    protocol_summary, signed_rank_p, taxonomy_rank_agreement, win_counts)
 
 
 def _row(model, readout, protocol, unit, organ, seed, f1, taxonomy="fine", mag="20x"):
@@ -205,3 +206,19 @@ def test_nested_panel_is_tables_use_only_each_panels_sections():
     assert (nuc["n_sections"].to_dict()) == {"S2": 2, "S3": 3}
     assert cra.set_index("panel").loc["S2", "cra"] == pytest.approx(0.05)
     assert cra.set_index("panel").loc["S3", "cra"] == pytest.approx(0.075)
+
+
+def test_signed_rank_p_is_scipys_wilcoxon_with_ties_zeros_and_without():
+    """The vectorised exact permutation test gives scipy's p-value bitwise, where scipy permutes (ties or
+    zeros, at most 13 differences) and where it does not (no ties, or more differences)."""
+    rng = np.random.default_rng(4)
+    cases = [np.round(rng.normal(0.01, 0.04, n), 2) for n in (3, 6, 9, 11, 12, 13, 13, 14, 20)]
+    cases[1][2] = cases[4][0] = cases[6][5] = 0.0  # zeros, dropped by the test
+    cases.append(np.array([0.1, -0.1, 0.2, 0.2, 0.0, 0.3, -0.2]))
+    cases.append(rng.normal(0.0, 0.1, 10))  # no ties: scipy's exact distribution
+    permuted = 0
+    for diff in cases:
+        nonzero = np.abs(diff[diff != 0])
+        permuted += len(diff) <= PERMUTATION_UNITS and len(np.unique(nonzero)) < len(diff)
+        assert signed_rank_p(diff) == float(scipy_stats.wilcoxon(diff, alternative="two-sided").pvalue), diff
+    assert permuted >= 7  # most cases take the permutation path
