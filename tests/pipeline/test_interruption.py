@@ -158,6 +158,24 @@ def pristine(tiny_dvc_run) -> Path:
     return tiny_dvc_run["pristine"]
 
 
+def _without_extract_and_probe(completed: Path, work: Path) -> Path:
+    """A copy of the completed run without the outputs of extract and probe, their entries in
+    dvc.lock (else DVC checks the outputs out of its cache), DVC's run cache and the probe's finished
+    tasks: `dvc repro` there runs both extracts and the probe from nothing, on the inputs the stages
+    before them made (as a first run would, without running those stages again)."""
+    shutil.copytree(completed, work, symlinks=True)
+    shutil.rmtree(work / ".dvc" / "cache" / "runs")
+    lock = yaml.safe_load((work / "dvc.lock").read_text())
+    for stage in ("extract@filterbank-dense-10x", "extract@filterbank-dense-20x", "probe"):
+        del lock["stages"][stage]
+    (work / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    for magnification in ("10x", "20x"):
+        shutil.rmtree(work / "data" / "features" / "filterbank-dense" / magnification)
+    shutil.rmtree(work / "reports" / "probe")
+    shutil.rmtree(work / "data" / ".work" / "probe")
+    return work
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_dvc_run) -> dict:
     """The results of an uninterrupted run."""
@@ -174,10 +192,9 @@ def _assert_reused(log: str, stage: str, finished: list[str]) -> None:
     assert complete == len(finished) < total, (finished, text)
 
 
-def test_interrupted_extract_and_probe_resume_identically(pristine, reference, tmp_path):
+def test_interrupted_extract_and_probe_resume_identically(tiny_dvc_run, reference, tmp_path):
     """Four interruptions in a row, each in the middle of a task, each rerun picking up the work left."""
-    work = tmp_path / "work"
-    shutil.copytree(pristine, work)
+    work = _without_extract_and_probe(tiny_dvc_run["completed"], tmp_path / "work")
     at_10x, at_20x = "extract@filterbank-dense-10x", "extract@filterbank-dense-20x"
 
     def interrupt(prefix: str, ordinal: int, finished: Callable[[], list[str]], sig: int) -> tuple[list[str], str]:
