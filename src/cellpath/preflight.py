@@ -96,7 +96,7 @@ def _close(word: str, choices: list[str]) -> str:
 
 
 def _check_encoders(params: Params, root: Path) -> list[Problem]:
-    from cellpath.features.encoders.loading import EncoderUnavailable, find_weights, needs_weights_file
+    from cellpath.features.encoders.weights import EncoderUnavailable, find_weights, needs_weights_file
     from cellpath.features.encoders.registry import RegistryError, UnknownEncoder, load_registry, resolve_encoder
 
     cfg = params.extract

@@ -111,7 +111,8 @@ def _cached_encoder(spec_json: str, weights_dir: Path, device: str):
 
 def _encoder_revision(spec, weights_dir: Path, device: str) -> str:
     """The revision load_encoder records for ``spec``, without loading a hub model's weights here."""
-    from cellpath.features.encoders.loading import FILE_LOADERS, find_weights, weights_revision
+    from cellpath.features.encoders.loading import weights_revision
+    from cellpath.features.encoders.weights import FILE_LOADERS, find_weights
 
     if spec.loader in FILE_LOADERS:  # the checkpoint's revision, as load_encoder records it
         return weights_revision(spec, find_weights(spec, weights_dir=weights_dir), weights_dir, None)

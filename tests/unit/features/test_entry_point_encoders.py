@@ -55,7 +55,7 @@ def test_a_missing_or_failing_entry_point_is_named(installed):
 
 
 def test_only_rows_whose_checkpoint_cellpath_finds_need_a_weights_file():
-    from cellpath.features.encoders.loading import needs_weights_file
+    from cellpath.features.encoders.weights import needs_weights_file
 
     assert not needs_weights_file(_row("entry-point:tiny-vit"))
     assert needs_weights_file(_row("entry-point:tiny-vit", hub_id="hf-hub:someone/my-model"))

@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from cellpath.features.encoders.loading import (EncoderLoadError, build_timm_module, find_weights, images_to_tensor,
-                                                load_encoder, weights_revision)
+from cellpath.features.encoders.loading import (EncoderLoadError, build_timm_module, images_to_tensor, load_encoder,
+                                                weights_revision)
 from cellpath.features.encoders.lora_format import wrap_for_lora_checkpoint
 from cellpath.features.encoders.registry import EncoderSpec, RegistryError, load_registry, parse_rows
+from cellpath.features.encoders.weights import find_weights
 from helpers.project import PROJECT_ROOT
 
 PREFIX = "encoder.base_model.model."

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from cellpath.errors import CellPathError
-from cellpath.features.encoders.loading import CHECKPOINT_FILENAMES, find_weights, load_encoder, needs_weights_file
+from cellpath.features.encoders.loading import load_encoder
 from cellpath.features.encoders.registry import EncoderSpec
+from cellpath.features.encoders.weights import CHECKPOINT_FILENAMES, find_weights, needs_weights_file
 
 BACKGROUND_RGB = (226, 196, 216)  # an eosin-pink field
 DOT_RGB = (40, 20, 90)  # a haematoxylin-dark dot

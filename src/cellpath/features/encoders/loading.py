@@ -11,19 +11,15 @@ row with ``lora``: see lora_format). ``custom:`` rows raise
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import timm
 import torch
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import try_to_load_from_cache
 from torch import nn
 
 from cellpath.errors import CellPathError, EncoderLoadError, EncoderUnavailable
@@ -33,9 +29,9 @@ from cellpath.features.encoders.filterbank import FilterBankEncoder
 from cellpath.features.encoders.lora_format import holds_every_weight, wrap_for_lora_checkpoint
 from cellpath.features.encoders.open_clip_format import build_open_clip_visual
 from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
-from cellpath.features.encoders.transformers_format import CONFIG_FILENAME, build_transformers_module
+from cellpath.features.encoders.transformers_format import build_transformers_module
+from cellpath.features.encoders.weights import WeightsFile, find_weights, locate_weights
 
-CHECKPOINT_FILENAMES = ("model.safetensors", "pytorch_model.bin")
 TIMM_LAYERS: dict[str, type[nn.Module]] = {
     "Mlp": timm.layers.Mlp,
     "SwiGLU": timm.layers.SwiGLU,
@@ -56,17 +52,7 @@ TIMM_KEY_FIELDS = {
     "blocks.": "depth",
 }
 #: Loaders whose module cellpath builds and into which it loads a checkpoint file it finds.
-FILE_LOADERS = ("timm", "transformers", "open_clip", "beit3")
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
-
-
-@dataclass(frozen=True)
-class WeightsFile:
-    """A checkpoint found on disk and the revision it resolves to."""
-
-    path: Path
-    revision: str  # HF snapshot commit hash, or "sha256:<hex>" of a local file
-    origin: Literal["local", "hf-cache"]
 
 
 @dataclass(eq=False)
@@ -127,20 +113,6 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
     return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
-
-
-def needs_weights_file(spec: EncoderSpec) -> bool:
-    """Whether loading the row reads a checkpoint file cellpath looks for: the file loaders, and an
-    entry-point row with a hub_id (one without brings its own weights)."""
-    return spec.loader in FILE_LOADERS or (spec.loader.startswith("entry-point:") and spec.hub_id is not None)
-
-
-def locate_weights(spec: EncoderSpec, weights_path: Path | None, weights_dir: Path,
-                   hf_cache_dir: Path | None) -> WeightsFile:
-    """The checkpoint the user named (``weights_path``), else the one found in the usual places."""
-    if weights_path is not None:
-        return given_weights(spec, weights_path)
-    return find_weights(spec, weights_dir=weights_dir, hf_cache_dir=hf_cache_dir)
 
 
 def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.device, weights_dir: Path,
@@ -248,58 +220,6 @@ def build_timm_module(spec: EncoderSpec) -> nn.Module:
             f"{spec.name}: timm cannot build {spec.timm_model!r} with timm_kwargs {spec.timm_kwargs} ({exc}); "
             "fix this row in models/encoders.yaml"
         ) from None
-
-
-def given_weights(spec: EncoderSpec, path: Path) -> WeightsFile:
-    """A checkpoint the user names: the file itself, or the row's checkpoint file inside a folder
-    (with its ``config.json`` beside it for a transformers row)."""
-    path = Path(path)
-    if path.is_dir():
-        filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
-        inside = [path / Path(name).name for name in filenames if (path / Path(name).name).is_file()]
-        if not inside:
-            raise EncoderUnavailable(f"{spec.name}: {path}/ holds none of {', '.join(filenames)}")
-        path = inside[0]
-    if not path.is_file():
-        raise EncoderUnavailable(f"{spec.name}: no checkpoint at {path}")
-    if spec.loader == "transformers" and not (path.parent / CONFIG_FILENAME).is_file():
-        raise EncoderUnavailable(f"{spec.name}: a transformers checkpoint needs its {CONFIG_FILENAME} beside it "
-                                 f"in {path.parent}/ (save_pretrained writes both)")
-    return WeightsFile(path, "sha256:" + _sha256(path), "local")
-
-
-def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
-                 hf_cache_dir: Path | None = None) -> WeightsFile:
-    """The first checkpoint found: ``<weights_dir>/<slug>/`` then the HF cache snapshot of
-    ``spec.hub_id`` at ``spec.revision`` (for a transformers row, a weights file with a
-    ``config.json`` beside it). Raises one EncoderUnavailable naming both places."""
-    local_dir = Path(weights_dir) / spec.slug
-    needs_config = spec.loader == "transformers"
-    filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
-    for filename in filenames:
-        path = local_dir / Path(filename).name
-        if path.is_file() and (not needs_config or (local_dir / CONFIG_FILENAME).is_file()):
-            return WeightsFile(path, "sha256:" + _sha256(path), "local")
-    cache_dir = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
-    for filename in filenames:
-        cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision,
-                                        repo_type=spec.checkpoint.repo_type)
-        if isinstance(cached, str) and (not needs_config or (Path(cached).parent / CONFIG_FILENAME).is_file()):
-            return WeightsFile(Path(cached), _snapshot_commit(Path(cached)), "hf-cache")
-    names = " or ".join(filenames) + (f", with its {CONFIG_FILENAME}," if needs_config else "")
-    download_args = "".join([f" {spec.checkpoint.filename}" if spec.checkpoint.filename else "",
-                             " --repo-type dataset" if spec.checkpoint.repo_type == "dataset" else ""])
-    architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
-        else (f"open_clip {spec.open_clip_model} vision-tower" if spec.open_clip_model else f"timm {spec.timm_model}") \
-        + " state dict"
-    raise EncoderUnavailable(
-        f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
-        f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
-        f"`hf download {spec.hub_repo}{download_args} --revision {spec.revision}` (older huggingface_hub: "
-        f"`huggingface-cli download`) on a machine with hub access, gated repos after accepting their "
-        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a {architecture} "
-        f"into {local_dir}/ as {' or '.join(Path(name).name for name in filenames)}."
-    )
 
 
 def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
@@ -450,20 +370,6 @@ def _architecture(spec: EncoderSpec) -> str:
     if spec.lora:
         return f"timm {spec.timm_model} with the registry's timm_kwargs, wrapped by peft LoRA"
     return f"timm {spec.timm_model} with the registry's timm_kwargs"
-
-
-def _snapshot_commit(path: Path) -> str:
-    """The commit of the HF cache snapshot a file lies in (``…/snapshots/<commit>/[sub/folders/]file``)."""
-    parts = path.parts
-    return parts[parts.index("snapshots") + 1] if "snapshots" in parts else path.parent.name
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _first(keys: list[str], what: str, shown: int = 5) -> str:

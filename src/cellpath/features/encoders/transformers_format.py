@@ -20,11 +20,11 @@ from torch import nn
 
 from cellpath.errors import EncoderLoadError
 from cellpath.features.encoders.registry import EncoderSpec
+from cellpath.features.encoders.weights import CONFIG_FILENAME
 
 #: Families whose forward pass interpolates the position embeddings to any input size (as DINOv2's
 #: reference implementation does); the others must be fed the size their config was trained at.
 INTERPOLATING_CLASSES = ("Dinov2Model", "Dinov2WithRegistersModel")
-CONFIG_FILENAME = "config.json"
 
 
 class TransformersTokens(nn.Module):
