@@ -62,7 +62,7 @@ def make_tiny_project(work: Path, magnifications: tuple[str, ...] = ("10x", "20x
     run(["git", "config", "user.name", "test"], work)
     run(["dvc", "init", "-q"], work)
     shutil.copytree(PROJECT_ROOT / ".dvc" / "plots", work / ".dvc" / "plots")  # the offline plots page, as here
-    run(["dvc", "config", "plots.html_template", "plots/offline.html"], work)
+    shutil.copy2(PROJECT_ROOT / ".dvc" / "config", work / ".dvc" / "config")  # the project's cache links and remote
     run(["git", "add", "-A"], work)
     run(["git", "commit", "-qm", "tiny project"], work)
     return work
