@@ -48,6 +48,8 @@ def test_repro_runs_both_stages_and_writes_outputs(repo):
     work = repo["work"]
     for stage in STAGES:
         assert f"Running stage '{stage}'" in repo["first"]
+    warnings = [line for line in repo["first"].splitlines() if line.startswith("WARNING:")]
+    assert not warnings, warnings  # a first `dvc repro` that a newcomer reads as broken
     assert sorted(p.name for p in (work / "data" / "raw").iterdir()) == ["colon_t", "skin_t"]
     assert sorted(p.name for p in (work / "data" / "references").iterdir()) == ["colon.h5ad", "skin.h5ad"]
     sections = sorted(p.name for p in (work / "data" / "sections").iterdir())

@@ -1,0 +1,1 @@
+"""Foundation-model features at nuclear coordinates: encoders, tiling, readouts and the feature store."""

@@ -1,0 +1,1 @@
+"""The HTML report: tables, figures, the published comparison and the failure gallery."""

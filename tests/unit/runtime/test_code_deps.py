@@ -29,6 +29,14 @@ def test_dvc_yaml_lists_exactly_the_code_each_stage_runs(stage):
         f"`python -m cellpath.runtime.code_deps` prints every stage's entries")
 
 
+def test_no_stage_depends_on_an_empty_file():
+    """DVC warns "'<file>' is empty" for every empty dependency at every `dvc repro`: each package's
+    __init__.py has its one-line docstring instead."""
+    empty = sorted({dep for deps in _dvc_code_deps().values() for dep in deps
+                    if (PROJECT_ROOT / dep).is_file() and (PROJECT_ROOT / dep).stat().st_size == 0})
+    assert not empty, f"empty files listed as dvc.yaml deps (DVC warns about each): {empty}"
+
+
 def test_every_dvc_stage_is_a_cli_stage():
     assert set(_dvc_code_deps()) <= set(stage_names())
 
