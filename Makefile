@@ -14,6 +14,9 @@ STAMP := $(VENV)/.installed
 PARQUET_GUARD := $(VENV)/.native-parquet
 MLFLOW_URI ?= sqlite:///mlflow.db
 UI_PORT ?= 5000
+# pytest-xdist workers for make test / test-fast (docs/decisions/0042); TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 export PATH := $(BIN):$(PATH)
 
 .PHONY: install run test test-fast ui bench clean-venv
@@ -37,11 +40,11 @@ run: install
 	$(BIN)/dvc repro
 
 test: install
-	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
 
 test-fast: install
-	@start=$$(date +%s); HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	@start=$$(date +%s); HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s without the slow pipeline tests (make test runs them)"; \
 	exit $$rc
 

@@ -15,6 +15,19 @@ from helpers.project import tiny_params  # noqa: E402
 native_parquet.install()  # as every cellpath command does (docs/decisions/0033)
 
 
+# Fixtures that run the pipeline once per session: under pytest-xdist (`make test` runs two workers)
+# every test that uses one is sent to the same worker, so that each is built once.
+ONE_WORKER_FIXTURES = ("tiny_dvc_run", "tiny_features")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        shared = [name for name in ONE_WORKER_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
 @pytest.fixture
 def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep every request on loopback even when the environment names a proxy."""
