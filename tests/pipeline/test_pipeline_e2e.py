@@ -41,6 +41,8 @@ def repo(tiny_dvc_run, tmp_path_factory) -> dict[str, Path]:
     work = root / "work"
     shutil.copytree(tiny_dvc_run["completed"], work)
     run(["dvc", "remote", "add", "-d", "store", str(root / "store")], work)
+    run(["git", "add", "-A"], work)  # the completed run is the commit the tests start from (dvc.lock, metrics)
+    run(["git", "commit", "-qm", "completed run"], work)
     return {"work": work, "store": root / "store", "root": root, "first": tiny_dvc_run["log"]}
 
 
@@ -111,8 +113,6 @@ def test_second_repro_reruns_nothing(repo):
 def test_push_and_pull_round_trip_into_a_fresh_clone(repo):
     work, store = repo["work"], repo["store"]
     run(["dvc", "push"], work)
-    run(["git", "add", "-A"], work)
-    run(["git", "commit", "-qm", "lock"], work)
     clone = repo["root"] / "clone"
     run(["git", "clone", "-q", str(work), str(clone)], repo["root"])
     assert not (clone / "data" / "raw").exists()
