@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -74,3 +75,23 @@ def run_tiny_project(root: Path) -> dict:
     completed = root / "completed"
     shutil.copytree(pristine, completed)
     return {"pristine": pristine, "completed": completed, "log": run(["dvc", "repro"], completed)}
+
+
+def cached_files(project: Path) -> dict[Path, Path]:
+    """Every file of every output DVC caches in ``project``, and its object in the cache (from dvc.lock
+    and the cache's directory listings)."""
+    from dvc.repo import Repo
+
+    files: dict[Path, Path] = {}
+    with Repo(str(project)) as repo:
+        cache = Path(repo.cache.local.path)
+        for out in repo.index.outs:
+            if not out.use_cache:
+                continue
+            oid = out.hash_info.value
+            if out.is_dir_checksum:
+                for entry in json.loads((cache / oid[:2] / oid[2:]).read_text()):
+                    files[Path(out.fs_path) / entry["relpath"]] = cache / entry["md5"][:2] / entry["md5"][2:]
+            else:
+                files[Path(out.fs_path)] = cache / oid[:2] / oid[2:]
+    return files
