@@ -246,7 +246,7 @@ def _brief(record: dict) -> dict:
 
 def calibrate(results: dict) -> CostModel:
     """Per-unit costs from the calibration runs (see the module docstring of ``cellpath.runtime.costs``)."""
-    from cellpath.runtime.costs import DeviceCosts, ProbeCosts, RobustnessCosts
+    from cellpath.runtime.costs import DeviceCosts, ProbeCosts, RobustnessCosts, load_costs
 
     width = results["width"]
     columns = width + 1
@@ -297,7 +297,8 @@ def calibrate(results: dict) -> CostModel:
                    f"{high['anchors']:,} anchors at n = {high['n_cells']:,}; heap: through the full run and the "
                    f"anchor runs at n = {low['n_cells']:,} and {high['n_cells']:,}")
     return CostModel(machine={**results["machine"], "blas": results["blas"]},
-                     devices={"cpu": DeviceCosts(probe=probe, robustness=robustness, extract=_extract_costs())})
+                     devices={"cpu": DeviceCosts(probe=probe, robustness=robustness, extract=_extract_costs())},
+                     storage=load_costs().storage)  # DVC's rates: benchmarks/bench_dvc_storage.py --calibrate
 
 
 def _row_bytes(results: dict, n_classes: int) -> tuple[int, int]:

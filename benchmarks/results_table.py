@@ -85,6 +85,24 @@ def executor_rows(d: dict) -> list[Row]:
                 **when(d))]
 
 
+def dvc_storage_rows(d: dict) -> list[Row]:
+    summary, store = d["summary"], d["store"]
+    sides, ratios, rates = summary["sides"], summary["copy_over_links"], summary["rates"]
+    page = "cold" if d["cold_page_cache"] else "warm"
+    return [Row("DVC storage (`bench_dvc_storage.py`)",
+                f"dvc {d['dvc']} on a synthetic feature store of {store['bytes'] / 1e9:.1f} GB ({store['files']} files, "
+                f"float16): add, rehash (`dvc status` after mtimes changed), checkout, push to a folder remote; "
+                f"{page} page cache; alternated {d['repeats']}×",
+                "`cache.type copy` (DVC's default where there are no reflinks) against the project's "
+                "`hardlink,symlink`",
+                f"copy ÷ links time: add {ratio(ratios['add'])}, checkout {ratio(ratios['checkout'])}, rehash "
+                f"{ratio(ratios['rehash'])}, push {ratio(ratios['push'])}; on disk (workspace + cache) "
+                f"{sides['copy']['disk_over_store']:.2f}× the store with copies, "
+                f"{sides['links']['disk_over_store']:.2f}× with links; hashing {rates['rehash_mb_per_s']['links']:,.0f} "
+                f"MB/s, push {rates['push_mb_per_s']['links']:,.0f} MB/s",
+                **when(d))]
+
+
 def extract_rows(d: dict) -> list[Row]:
     return [
         Row("extraction (`bench_extract.py`)",
@@ -315,8 +333,8 @@ def pipeline_rows(d: dict) -> list[Row]:
 
 
 BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
-    "companions": companions_rows, "executor": executor_rows, "extract": extract_rows,
-    "fetch_ingest": fetch_ingest_rows, "probe": probe_rows, "real_shaped": real_shaped_rows,
+    "companions": companions_rows, "dvc_storage": dvc_storage_rows, "executor": executor_rows,
+    "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows, "real_shaped": real_shaped_rows,
     "robustness": robustness_rows, "scale": scale_rows, "scale_agreement": scale_agreement_rows,
     "slide_read": slide_read_rows, "pipeline": pipeline_rows,
 }

@@ -104,3 +104,24 @@ def test_two_checkouts_share_one_lab_cache(tiny_dvc_run, tmp_path):
         assert os.path.samefile(path, alice / path.relative_to(bob))  # one copy on disk for both users
     assert "up to date" in run(["dvc", "status"], bob)
     assert "Running stage" not in run(["dvc", "repro"], bob)
+
+
+def test_dvc_gc_removes_only_what_no_output_uses(relinked):
+    """`dvc gc --workspace` over linked outputs: an object no output uses goes, every linked output and
+    its object stay as they were, and nothing is stale or missing afterwards."""
+    used = {cached: state for cached, state in cache_state(relinked / ".dvc" / "cache").items()
+            if cached in set(cached_files(relinked).values())}
+    stray = relinked / "stray.bin"
+    stray.write_bytes(b"an output of an abandoned experiment\n" * 1000)
+    run(["dvc", "add", "stray.bin"], relinked)
+    (stray_object,) = set(cached_files(relinked).values()) - set(used)
+    (relinked / "stray.bin.dvc").unlink()
+    stray.unlink()
+    run(["dvc", "gc", "--workspace", "--force"], relinked)
+    assert not stray_object.exists()
+    assert_intact(used)
+    assert_linked(relinked)
+    assert "up to date" in run(["dvc", "status"], relinked)
+    shutil.rmtree(relinked / "data" / "features")
+    run(["dvc", "checkout"], relinked)  # every directory's manifest survived too
+    assert_linked(relinked)

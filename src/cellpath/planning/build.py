@@ -18,7 +18,8 @@ from cellpath.config import Params
 from cellpath.errors import ConfigError
 from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
 from cellpath.features.panel import load_panel_cells
-from cellpath.io.layout import DEFAULT_REPORTS_DIR, panels_csv, probe_runs_parquet
+from cellpath.io.layout import DEFAULT_REPORTS_DIR, panels_csv, probe_runs_parquet, raw_dir
+from cellpath.planning.disk import disk_plan, folder_raw_bytes, manifest_raw_bytes, project_cache_type
 from cellpath.planning.paper import paper_comparison, paper_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload)
@@ -66,8 +67,9 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
                deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8,
                reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None) -> dict:
-    """The plan: panel, features, probe runs, per-stage estimates, the workers to finish within
-    ``deadline_days`` days and the days on one node of ``node_gpus`` GPUs. Workers default to this
+    """The plan: panel, features, probe runs, per-stage estimates, the disk per place and DVC's time on
+    the features, the workers to finish within ``deadline_days`` days and the days on one node of
+    ``node_gpus`` GPUs. Workers default to this
     machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
     configuration: their extraction and their probe and robustness runs, on the same panel. The
     probe's iterations: :func:`pilot_iterations_for`, else the cost model's."""
@@ -102,6 +104,11 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
         c_grid_size=len(params.probe.c_grid),
         full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors)
     estimates = stage_estimates(model, work, iterations)
+    section_ids = [s["section_id"] for s in sections]
+    raw = (folder_raw_bytes(raw_dir(data_dir), section_ids) if preset == "current" and raw_dir(data_dir).is_dir()
+           else manifest_raw_bytes(params.tenx.manifest, section_ids) if preset == "paper" or params.source == "10x"
+           else {"bytes": 0, "known_sections": 0, "sections": len(section_ids), "source": "not fetched yet"})
+    patch_bytes = patch_cache_bytes(encoders, features) if params.extract.patch_cache else 0
     return {"preset": preset, "models": [spec.slug for spec in encoders] if models else None,
             "configured_encoders": len(configured),
             "hardware": {"cpus": machine["cpus"], "gpus": machine["gpus"]},
@@ -109,7 +116,9 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                       "organs": len({s["organ"] for s in panel["sections"]}),
                       "cells": int(sum(s["cells"] for s in panel["sections"]))},
             "encoders": len(encoders), "magnifications": magnifications, "features": features,
-            "patch_cache_bytes": patch_cache_bytes(encoders, features) if params.extract.patch_cache else 0,
+            "patch_cache_bytes": patch_bytes,
+            "disk": disk_plan(sum(row["bytes"] for row in features), patch_bytes, raw, model.storage,
+                              project_cache_type()),
             "probe": probe,
             "cost_model": {"path": str(costs_path), "machine": model.machine, "devices": sorted(model.devices)},
             "estimates": estimates, "not_estimated": not_estimated(estimates),

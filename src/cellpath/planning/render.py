@@ -41,6 +41,48 @@ def _features(plan: dict) -> list[str]:
                     f"{_bytes(plan['patch_cache_bytes']) if plan['patch_cache_bytes'] else 'off'}"]
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 360 else f"{seconds / 60:,.1f} min"
+
+
+def _disk(plan: dict) -> list[str]:
+    """Bytes per place (workspace, DVC cache, remote, patch store) and DVC's time on the features."""
+    disk = plan["disk"]
+    raw = disk["raw"]
+    raw_text = (f"{_bytes(raw['bytes'])} for {raw['known_sections']} of {raw['sections']} sections; from "
+                f"{raw['source']}" if raw["known_sections"] else f"unknown: {raw['source']}")
+    copy = disk["cache_extra_bytes"]["copy"]
+    lines = ["disk per place (docs/scaling.md, Storage)",
+             f"  {'raw sections (data/raw)':<34}{raw_text}",
+             f"  {'features (data/features)':<34}{_bytes(disk['features_bytes'])}",
+             f"  {'workspace under DVC':<34}{_bytes(disk['workspace_bytes'])}: features + the raw sections priced "
+             "(ingested sections, labels and reports are small beside them, not priced)",
+             f"  {'DVC cache':<34}"
+             + (f"no extra bytes: outputs are links into it (cache.type {disk['cache_type']}); "
+                f"with cache.type copy {_bytes(copy)} more, every output twice" if disk["links"] else
+                f"{_bytes(copy)} more: every output twice (cache.type {disk['cache_type']}); none with "
+                "cache.type hardlink,symlink (docs/decisions/0041)"),
+             f"  {'remote (dvc push)':<34}{_bytes(disk['remote_bytes'])} per pushed version",
+             f"  {'shared patch store (data/.work)':<34}"
+             f"{_bytes(disk['patch_store_bytes']) if disk['patch_store_bytes'] else 'off'}, not under DVC"]
+    seconds = disk["seconds"]
+    if seconds is None:
+        return lines + ["  DVC's time on the features: not measured (benchmarks/bench_dvc_storage.py --calibrate)"]
+    rates = disk["rates"]
+    mine, other = ("links", "copy") if disk["links"] else ("copy", "links")
+    return lines + [
+        "  DVC's time on the features, one dvc process at measured rates:",
+        f"    hash every byte (each extract stage's end; dvc status after mtimes change)  "
+        f"{_hours(seconds['hash'])} at {rates['hash'] / 1e6:,.0f} MB/s",
+        f"    into the cache (dvc repro, dvc commit): {_hours(seconds['add'][mine])} with {mine}, "
+        f"{_hours(seconds['add'][other])} with {other}",
+        f"    dvc checkout of another clone: {_hours(seconds['checkout'][mine])} with {mine}, "
+        f"{_hours(seconds['checkout'][other])} with {other}",
+        f"    dvc push to a folder on the same disk: {_hours(seconds['push'][mine])} with {mine}, "
+        f"{_hours(seconds['push'][other])} with {other} (a network remote adds its transfer)",
+        f"  source: {disk['source']}"]
+
+
 def _probe(plan: dict) -> list[str]:
     """Probe runs per protocol and in all, and the paper's Table 3 where the plan compares with it."""
     probe = plan["probe"]
@@ -123,7 +165,7 @@ def _gpu_node(plan: dict) -> list[str]:
 
 
 def render(plan: dict) -> str:
-    """The plan as a readable text table: features, probe runs, cost per stage, workers for the deadline
-    and the days on one GPU node."""
-    return "\n".join([*_features(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan), "",
+    """The plan as a readable text table: features, disk per place, probe runs, cost per stage, workers
+    for the deadline and the days on one GPU node."""
+    return "\n".join([*_features(plan), "", *_disk(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan), "",
                       *_gpu_node(plan)])

@@ -129,11 +129,27 @@ class DeviceCosts:
 
 
 @dataclass(frozen=True)
+class StorageCosts:
+    """DVC's rates on a feature store, in bytes per second of one ``dvc`` process
+    (``benchmarks/bench_dvc_storage.py``): hashing every byte again (``dvc status`` after mtimes
+    changed); per cache type (``copy``, ``links``: hardlink or symlink), a stage's outputs into the
+    cache, a checkout, and a push to a folder remote on the same disk."""
+
+    hash_bytes_per_second: float
+    add_bytes_per_second: dict[str, float]
+    checkout_bytes_per_second: dict[str, float]
+    push_bytes_per_second: dict[str, float]
+    source: str
+
+
+@dataclass(frozen=True)
 class CostModel:
-    """Per device (``cpu``, ``cuda``): the measured costs, and the machine they were measured on."""
+    """Per device (``cpu``, ``cuda``): the measured costs, and the machine they were measured on;
+    DVC's storage rates where measured."""
 
     machine: dict
     devices: dict[str, DeviceCosts] = field(default_factory=dict)
+    storage: StorageCosts | None = None
 
     def costs(self, device: str) -> DeviceCosts:
         return self.devices.get(device, DeviceCosts())
@@ -155,7 +171,9 @@ def load_costs(path: Path = COSTS_PATH) -> CostModel:
                     probe["iterations"])}),
                 robustness=None if parts.get("robustness") is None else RobustnessCosts(**parts["robustness"]),
                 extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]))
-        return CostModel(machine=raw["machine"], devices=devices)
+        storage = raw.get("storage")
+        return CostModel(machine=raw["machine"], devices=devices,
+                         storage=None if storage is None else StorageCosts(**storage))
     except (OSError, KeyError, TypeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{path}: not a readable cost model ({error}); rewrite it with "
                           "`python benchmarks/bench_scale.py --calibrate`") from error
@@ -175,7 +193,8 @@ def _device_dict(costs: DeviceCosts) -> dict:
 
 def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
     data = {"machine": model.machine,
-            "devices": {device: _device_dict(costs) for device, costs in model.devices.items()}}
+            "devices": {device: _device_dict(costs) for device, costs in model.devices.items()},
+            **({"storage": asdict(model.storage)} if model.storage else {})}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     partial = Path(path).with_suffix(".json.tmp")
     partial.write_text(json.dumps(data, indent=2) + "\n")

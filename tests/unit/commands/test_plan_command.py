@@ -18,7 +18,7 @@ from cellpath.features.readouts import readout_available, readout_width
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3, paper_params
 from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
-                                    load_costs, save_costs)
+                                    StorageCosts, load_costs, save_costs)
 from helpers.project import PROJECT_ROOT
 
 
@@ -238,3 +238,33 @@ def test_the_plan_takes_its_iterations_from_a_pilot_on_real_features(at_root, tm
     (tmp_path / "broken.parquet").write_text("not a table")
     with pytest.raises(ConfigError, match="broken.parquet: not a probe run table"):
         build_plan(params, tmp_path / "data", preset="paper", costs_path=costs, pilot=tmp_path / "broken.parquet")
+
+
+def test_the_paper_plan_prints_the_disk_per_place_and_dvc_time(at_root, tmp_path, costs):
+    """Workspace, DVC cache (none extra with the project's links; twice with copies), remote, patch
+    store, and DVC's hours on the features at the cost model's measured rates."""
+    model = load_costs(costs)
+    storage = StorageCosts(hash_bytes_per_second=250e6, add_bytes_per_second={"links": 200e6, "copy": 100e6},
+                           checkout_bytes_per_second={"links": 2e9, "copy": 150e6},
+                           push_bytes_per_second={"links": 125e6, "copy": 250e6},
+                           source="test storage")
+    save_costs(dataclasses.replace(model, storage=storage), costs)
+    plan = build_plan(load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs)
+    disk = plan["disk"]
+    features = sum(row["bytes"] for row in plan["features"])
+    assert disk["features_bytes"] == features > 3e12
+    assert disk["raw"]["sections"] == 25 and 0 < disk["raw"]["known_sections"] <= 25
+    assert disk["workspace_bytes"] == features + disk["raw"]["bytes"] == disk["remote_bytes"]
+    assert disk["links"] and disk["cache_type"] == "hardlink,symlink"  # the project's .dvc/config
+    assert disk["cache_extra_bytes"] == {"links": 0, "copy": disk["workspace_bytes"]}
+    assert disk["patch_store_bytes"] == plan["patch_cache_bytes"] > 0
+    assert disk["seconds"]["hash"] == pytest.approx(features / 250e6)
+    assert disk["seconds"]["add"]["copy"] == pytest.approx(2 * disk["seconds"]["add"]["links"])
+    text = plan_text(load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs)
+    assert "DVC cache" in text and "no extra bytes: outputs are links into it" in text
+    assert f"with cache.type copy {disk['workspace_bytes'] / 1e12:,.1f} TB more, every output twice" in text
+    assert "hash every byte" in text and f"{features / 250e6 / 3600:,.1f} h at 250 MB/s" in text
+    assert "source: test storage" in text
+    save_costs(model, costs)
+    assert "DVC's time on the features: not measured" in plan_text(
+        load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs)
