@@ -63,6 +63,16 @@ def pilot_iterations_for(params: Params, reports_dir: Path, pilot: Path | None) 
                             str(path))
 
 
+def raw_bytes(params: Params, data_dir: Path, preset: str, section_ids: list[str]) -> dict:
+    """The raw downloads of the sections: on disk where they were fetched, else the manifest's file
+    sizes (the paper's panel, or ``source: 10x``); simulated sections not yet written are unknown."""
+    if preset == "current" and raw_dir(data_dir).is_dir():
+        return folder_raw_bytes(raw_dir(data_dir), section_ids)
+    if preset == "paper" or params.source == "10x":
+        return manifest_raw_bytes(params.tenx.manifest, section_ids)
+    return {"bytes": 0, "known_sections": 0, "sections": len(section_ids), "source": "not fetched yet"}
+
+
 def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
                deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8,
@@ -104,10 +114,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
         c_grid_size=len(params.probe.c_grid),
         full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors)
     estimates = stage_estimates(model, work, iterations)
-    section_ids = [s["section_id"] for s in sections]
-    raw = (folder_raw_bytes(raw_dir(data_dir), section_ids) if preset == "current" and raw_dir(data_dir).is_dir()
-           else manifest_raw_bytes(params.tenx.manifest, section_ids) if preset == "paper" or params.source == "10x"
-           else {"bytes": 0, "known_sections": 0, "sections": len(section_ids), "source": "not fetched yet"})
+    raw = raw_bytes(params, data_dir, preset, [s["section_id"] for s in sections])
     patch_bytes = patch_cache_bytes(encoders, features) if params.extract.patch_cache else 0
     return {"preset": preset, "models": [spec.slug for spec in encoders] if models else None,
             "configured_encoders": len(configured),
