@@ -3,6 +3,8 @@ a check that passes a working encoder and fails a wrong grid, a wrong row or mis
 
 from __future__ import annotations
 
+import json
+
 import torch
 import yaml
 from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
@@ -88,3 +90,37 @@ def test_a_transposed_grid_fails_the_bright_dot(monkeypatch, tmp_path):
     result = check_encoder(spec, weights_dir=tmp_path)
     assert result.dot_found == result.dot_token[::-1]
     assert any("not in image order" in problem for problem in result.problems)
+
+
+def test_check_warns_of_a_hub_config_that_disagrees_and_still_passes(capsys, monkeypatch, tmp_path):
+    """A port's config.json with ImageNet mean/std beside the card's 0.5: a warning printing both
+    values, the check passes; weights of another depth fail it."""
+    import huggingface_hub.constants as hf_constants
+    from safetensors.torch import save_file
+
+    from cellpath.features.encoders.loading import build_timm_module
+    from helpers.hub_cache import hub_snapshot
+
+    row = {"name": "tiny-port", "type": "PV", "architecture": "ViT-tiny/16", "hub_id": "hf-hub:cellpath-test/tiny-port",
+           "revision": "main", "loader": "timm", "timm_model": "vit_small_patch16_224",
+           "timm_kwargs": {"img_size": 64, "embed_dim": 32, "depth": 1, "num_heads": 2, "num_classes": 0},
+           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "input_size": 64, "patch_size": 16,
+           "num_prefix_tokens": 1, "has_cls": True, "embed_dim": 32, "native_mpp": None,
+           "pretrain_magnification": None, "precision": "fp32", "params": None, "pretrain_wsi_equivalent": None}
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = hub_snapshot(tmp_path / "hub", "cellpath-test/tiny-port")
+    torch.manual_seed(0)
+    save_file(build_timm_module(EncoderSpec.model_validate(row)).state_dict(), snapshot / "model.safetensors")
+    (snapshot / "config.json").write_text(json.dumps({
+        "architecture": "vit_small_patch16_224",
+        "pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}))
+    params = _project(tmp_path, [row])
+    assert main(["encoders", "check", "tiny-port", "--params", str(params)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING        tiny-port: the hub config" in out and out.rstrip().endswith("ok"), out
+    assert "pretrained_cfg.mean [0.485, 0.456, 0.406] vs mean [0.5, 0.5, 0.5]" in out
+    assert "pretrained_cfg.std [0.229, 0.224, 0.225] vs std [0.5, 0.5, 0.5]" in out
+    deeper = EncoderSpec.model_validate(row | {"timm_kwargs": {**row["timm_kwargs"], "depth": 2}})
+    save_file(build_timm_module(deeper).state_dict(), snapshot / "model.safetensors")
+    assert main(["encoders", "check", "tiny-port", "--params", str(params)]) == 2
+    assert "does not match" in capsys.readouterr().err

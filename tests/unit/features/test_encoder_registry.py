@@ -7,6 +7,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import csv  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -89,8 +90,9 @@ def test_registry_rows_copy_the_reference_csv(registry):
 
 # Rows whose model card resizes a larger tile to the encoder input: native_mpp is the tile's µm over the
 # input px. GPFM's README: 512 px "extracted from 40X", resized to 224. CONCH v1.5 as TRIDENT runs it
-# (conch_v15 --patch_size 512 --mag 20, resized to 448).
-RESIZED_BY_THE_CARD = {"GPFM": 512 * 0.25 / 224, "CONCH v1.5": 512 * 0.5 / 448}
+# (conch_v15 --patch_size 512 --mag 20, resized to 448). CTransPath (CHIEF) as TRIDENT runs it
+# (ctranspath --patch_size 256 --mag 10, resized to 224).
+RESIZED_BY_THE_CARD = {"GPFM": 512 * 0.25 / 224, "CONCH v1.5": 512 * 0.5 / 448, "CTransPath (CHIEF)": 256 * 1.0 / 224}
 
 
 def test_native_mpp_is_the_finest_pretraining_magnification_or_the_cards_resized_tile(registry):
@@ -102,6 +104,7 @@ def test_native_mpp_is_the_finest_pretraining_magnification_or_the_cards_resized
         else:
             assert spec.native_mpp == mpp_of[spec.pretrain_magnification], spec.name
     assert registry["GPFM"].native_mpp == pytest.approx(128 / 224, rel=1e-6)  # a 128 µm tile as 224 px
+    assert registry["CTransPath (CHIEF)"].native_mpp == pytest.approx(8 / 7, rel=1e-6)  # 256 µm as 224 px
     conch15 = registry["CONCH v1.5"]  # read at 20x (0.5 µm/px), its input covers the card's 256 µm tile
     assert conch15.input_size * 0.5 == pytest.approx(conch15.native_mpp * 448, rel=1e-6) == 256
 
@@ -247,14 +250,31 @@ def test_weights_from_the_hf_cache_record_the_snapshot_commit(tmp_path):
                                reference_tokens(original, spec, images)[:, 1:])
 
 
-def test_hub_config_disagreeing_with_the_row_is_an_error(tmp_path):
+def test_a_hub_config_disagreeing_with_the_row_warns_and_weights_that_do_not_fit_are_an_error(tmp_path, caplog):
+    """A port's config.json may carry other values than the card while its weights are right: each
+    disagreement is a warning printing both values, and the row's values are used. Whether the weights
+    fit the architecture is the strict load's to decide: an error."""
     spec = tiny_spec()
-    _fake_hub_snapshot(tmp_path / "hf", spec, build_timm_module(spec).state_dict(), {
+    original = build_timm_module(spec)
+    _fake_hub_snapshot(tmp_path / "hf", spec, original.state_dict(), {
         "architecture": "vit_small_patch16_224", "model_args": {"depth": 3},
         "pretrained_cfg": {"mean": [0.485, 0.456, 0.406]}})
-    expected = r"tiny-vit: .*model_args\.depth 3 vs timm_kwargs\.depth 1.*pretrained_cfg\.mean"
-    with pytest.raises(EncoderLoadError, match=expected):
-        load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf")
+    with caplog.at_level("WARNING", logger="cellpath.features.encoders.loading"):
+        encoder = load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf")
+    assert len(encoder.warnings) == 2
+    assert re.search(r"tiny-vit: the hub config .*config\.json disagrees .*model_args\.depth 3 vs timm_kwargs\.depth 1",
+                     encoder.warnings[0])
+    assert re.search(r"pretrained_cfg\.mean \[0\.485, 0\.456, 0\.406\] vs mean \[0\.6, 0\.5, 0\.4\].*"
+                     r"mean_std_source: model-card", encoder.warnings[1])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == list(encoder.warnings)
+    images = random_images()
+    torch.testing.assert_close(encoder.forward_tokens(images)[1].reshape(2, 16, 32),
+                               reference_tokens(original, spec, images)[:, 1:])  # the row's mean/std
+    deeper = tiny_spec(timm_kwargs={**spec.timm_kwargs, "depth": 3})
+    _fake_hub_snapshot(tmp_path / "hf-deeper", spec, build_timm_module(deeper).state_dict(), {
+        "architecture": "vit_small_patch16_224", "model_args": {"depth": 3}})
+    with pytest.raises(EncoderLoadError, match=r"does not match .*unexpected.*blocks\.1\..*depth"):
+        load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf-deeper")
 
 
 def test_custom_loader_is_unavailable_with_what_it_needs():

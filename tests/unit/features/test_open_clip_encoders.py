@@ -70,12 +70,28 @@ def test_tokens_are_the_towers_transformer_output_before_the_pool(tiny_coca, tmp
     assert divmod(int(change.argmax()), 16) == (5, 12)
 
 
-def test_a_checkpoint_whose_keys_are_not_under_visual_is_named(tiny_coca, tmp_path):
+def test_a_checkpoint_saved_from_dataparallel_loads(tiny_coca, tmp_path):
+    """OmiCLIP's checkpoint.pt may hold a DataParallel model's keys (``module.visual.…``): read without
+    the prefix, as open_clip's own loader reads them."""
     spec = _row()
     (tmp_path / spec.slug).mkdir()
     ddp = {f"module.{k}": v for k, v in tiny_coca.state_dict().items()}
-    torch.save({"state_dict": ddp}, tmp_path / spec.slug / "checkpoint.pt")
-    with pytest.raises(EncoderLoadError, match=r"no key under 'visual\.'.*module\."):
+    torch.save({"state_dict": ddp, "epoch": 9}, tmp_path / spec.slug / "checkpoint.pt")
+    plain = tmp_path / "plain"
+    (plain / spec.slug).mkdir(parents=True)
+    torch.save({"state_dict": tiny_coca.state_dict()}, plain / spec.slug / "checkpoint.pt")
+    cls, grid = load_encoder(spec, weights_dir=tmp_path).forward_tokens(_images())
+    expected_cls, expected_grid = load_encoder(spec, weights_dir=plain).forward_tokens(_images())
+    torch.testing.assert_close(cls, expected_cls, rtol=0, atol=0)
+    torch.testing.assert_close(grid, expected_grid, rtol=0, atol=0)
+
+
+def test_a_checkpoint_whose_keys_are_not_under_visual_is_named(tiny_coca, tmp_path):
+    spec = _row()
+    (tmp_path / spec.slug).mkdir()
+    other = {f"model.{k}": v for k, v in tiny_coca.state_dict().items()}
+    torch.save({"state_dict": other}, tmp_path / spec.slug / "checkpoint.pt")
+    with pytest.raises(EncoderLoadError, match=r"no key under 'visual\.'.*model\."):
         load_encoder(spec, weights_dir=tmp_path)
 
 

@@ -65,6 +65,47 @@ def test_a_named_pth_file_wrapped_in_a_state_dict_entry_loads_strictly(tmp_path,
     torch.testing.assert_close(cls, expected[:, 0])
 
 
+def _dinov2_training_checkpoint(state: dict) -> dict:
+    """A DINOv2 training checkpoint of ``state`` (a 2-block ViT): the teacher's backbone under
+    ``backbone.``, one block per chunk (``blocks.<chunk>.<i>.``), with the mask token, DINO and iBOT
+    heads and a student beside it, as GPFM's GitHub release stores it."""
+    def chunked(key: str) -> str:
+        parts = key.split(".")
+        return ".".join([parts[0], parts[1], *parts[1:]]) if parts[0] == "blocks" else key
+
+    teacher = {f"backbone.{chunked(k)}": v for k, v in state.items()}
+    heads = {"backbone.mask_token": torch.zeros(1, 32), "dino_head.mlp.0.weight": torch.randn(64, 32),
+             "dino_head.last_layer.weight_v": torch.randn(128, 32), "ibot_head.mlp.0.weight": torch.randn(64, 32)}
+    return {"teacher": teacher | heads, "student": {k: v + 1 for k, v in (teacher | heads).items()}, "iteration": 7}
+
+
+def test_gpfms_training_checkpoint_loads_from_its_teacher(tmp_path):
+    spec = _row(checkpoint={"filename": "GPFM.pth", "state_dict_key": "state_dict", "dinov2_teacher": True})
+    torch.manual_seed(0)
+    original = build_timm_module(spec)
+    training = _dinov2_training_checkpoint(original.state_dict())
+    assert "backbone.blocks.1.1.norm1.weight" in training["teacher"]
+    (tmp_path / spec.slug).mkdir()
+    torch.save(training, tmp_path / spec.slug / "GPFM.pth")
+    encoder = load_encoder(spec, weights_dir=tmp_path)
+    cls, grid = encoder.forward_tokens(_images())
+    expected = _tokens(original, spec, _images())  # the teacher's weights, not the student's
+    torch.testing.assert_close(grid, expected[:, 1:].reshape(2, 16, 16, 32))
+    torch.testing.assert_close(cls, expected[:, 0])
+    registry = load_registry(PROJECT_ROOT / "models" / "encoders.yaml")
+    assert registry["GPFM"].checkpoint.dinov2_teacher
+    assert not any(spec.checkpoint.dinov2_teacher for name, spec in registry.items() if name != "GPFM")
+
+
+def test_a_training_checkpoint_for_a_row_that_reads_released_weights_names_the_file(tmp_path):
+    spec = _row(checkpoint={"filename": "GPFM.pth", "state_dict_key": "state_dict"})
+    (tmp_path / spec.slug).mkdir()
+    torch.save(_dinov2_training_checkpoint(build_timm_module(spec).state_dict()), tmp_path / spec.slug / "GPFM.pth")
+    with pytest.raises(EncoderLoadError, match=r"is a training checkpoint \(top-level 'teacher'\), not the released "
+                                               r"weights the row reads; use GPFM\.pth from cellpath-test/tiny-dinov2"):
+        load_encoder(spec, weights_dir=tmp_path)
+
+
 def test_a_wrapped_file_without_the_named_entry_names_what_it_has(tmp_path):
     spec = _row(checkpoint={"filename": "GPFM.pth", "state_dict_key": "state_dict"})
     (tmp_path / spec.slug).mkdir()
@@ -125,16 +166,27 @@ def _hub_snapshot(cache, spec, state, config):
 
 
 @pytest.mark.parametrize("source", ["hub-config", "model-card"])
-def test_a_row_following_the_model_card_is_not_held_to_the_hub_configs_mean_std(tmp_path, source):
+def test_a_kaiko_port_whose_hub_config_carries_imagenet_mean_std_loads_with_the_cards(tmp_path, source):
+    """The community ports of the Kaiko models may carry ImageNet mean/std in config.json: the weights
+    load with the card's 0.5 (the row's); a row whose mean/std follow the hub config warns, printing
+    both, and a row recorded as following the card (mean_std_source: model-card) does not."""
     spec = _row(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5], mean_std_source=source)
-    _hub_snapshot(tmp_path / "hub", spec, build_timm_module(spec).state_dict(), {
+    original = build_timm_module(spec)
+    _hub_snapshot(tmp_path / "hub", spec, original.state_dict(), {
         "architecture": "vit_small_patch14_dinov2", "model_args": {"depth": 2},
         "pretrained_cfg": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}})
+    encoder = load_encoder(spec, weights_dir=tmp_path / "none", hf_cache_dir=tmp_path / "hub")
+    assert encoder.revision == COMMIT
     if source == "hub-config":
-        with pytest.raises(EncoderLoadError, match=r"pretrained_cfg\.mean \[0\.485, 0\.456, 0\.406\] vs mean"):
-            load_encoder(spec, weights_dir=tmp_path / "none", hf_cache_dir=tmp_path / "hub")
+        assert [w.split("disagrees with models/encoders.yaml: ")[1].split(".")[0] for w in encoder.warnings] == [
+            "pretrained_cfg", "pretrained_cfg"]
+        assert "pretrained_cfg.mean [0.485, 0.456, 0.406] vs mean [0.5, 0.5, 0.5]" in encoder.warnings[0]
+        assert "pretrained_cfg.std [0.229, 0.224, 0.225] vs std [0.5, 0.5, 0.5]" in encoder.warnings[1]
     else:
-        assert load_encoder(spec, weights_dir=tmp_path / "none", hf_cache_dir=tmp_path / "hub").revision == COMMIT
+        assert encoder.warnings == ()
+    cls, grid = encoder.forward_tokens(_images())
+    expected = _tokens(original, spec, _images())  # normalised with the row's (the card's) 0.5
+    torch.testing.assert_close(grid, expected[:, 1:].reshape(2, 16, 16, 32))
 
 
 def test_a_wrong_mlp_ratio_is_named_by_the_strict_load(tmp_path):

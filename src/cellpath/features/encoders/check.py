@@ -25,7 +25,8 @@ DOT_RGB = (40, 20, 90)  # a haematoxylin-dark dot
 
 @dataclass
 class EncoderCheck:
-    """What ``check_encoder`` found; ``problems`` is empty when everything holds."""
+    """What ``check_encoder`` found; ``problems`` is empty when everything holds; ``warnings`` (a hub
+    config that disagrees with the row, both values printed) do not fail the check."""
 
     spec: EncoderSpec
     weights: str
@@ -36,6 +37,7 @@ class EncoderCheck:
     dot_token: tuple[int, int]
     dot_found: tuple[int, int] | None
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         spec = self.spec
@@ -46,6 +48,7 @@ class EncoderCheck:
                  f"  token grid     {' x '.join(map(str, self.grid))} (patch {spec.patch_size} px), width {self.width}",
                  f"  prefix tokens  {spec.num_prefix_tokens} stripped; CLS {'yes' if self.cls else 'no'}",
                  f"  bright dot     at token {self.dot_token}: strongest change at {self.dot_found}"]
+        lines += [f"  WARNING        {warning}" for warning in self.warnings]
         lines += [f"  PROBLEM        {problem}" for problem in self.problems] or ["  ok"]
         return "\n".join(lines)
 
@@ -72,7 +75,7 @@ def check_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), weig
     change = (after - before).norm(dim=-1)[0]
     found = divmod(int(change.argmax()), change.shape[1]) if torch.isfinite(change).all() else None
     check = EncoderCheck(spec, encoder.weights, encoder.revision, tuple(before.shape[1:3]), int(before.shape[3]),
-                         cls is not None, dot, found)
+                         cls is not None, dot, found, warnings=list(encoder.warnings))
     if not (torch.isfinite(before).all() and torch.isfinite(after).all()):
         check.problems.append("the tokens of a synthetic tile are not all finite")
     if found != dot:

@@ -12,7 +12,9 @@ row with ``lora``: see lora_format). ``custom:`` rows raise
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,9 @@ from cellpath.features.encoders.lora_format import holds_every_weight, wrap_for_
 from cellpath.features.encoders.open_clip_format import build_open_clip_visual
 from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
 from cellpath.features.encoders.transformers_format import build_transformers_module
-from cellpath.features.encoders.weights import WeightsFile, find_weights, locate_weights
+from cellpath.features.encoders.weights import CHECKPOINT_FILENAMES, WeightsFile, find_weights, locate_weights
+
+log = logging.getLogger(__name__)
 
 TIMM_LAYERS: dict[str, type[nn.Module]] = {
     "Mlp": timm.layers.Mlp,
@@ -51,7 +55,8 @@ TIMM_KEY_FIELDS = {
     ".ls1.": "init_values (LayerScale)",
     "blocks.": "depth",
 }
-#: Loaders whose module cellpath builds and into which it loads a checkpoint file it finds.
+TRAINING_TEACHER = "teacher"  # the top-level key of a DINO/DINOv2 training checkpoint's teacher network
+#: The autocast dtype of a row's ``precision`` on CUDA (None: fp32).
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 
 
@@ -64,6 +69,7 @@ class Encoder:
     device: torch.device
     weights: str  # where the weights came from
     revision: str  # the resolved revision, for feature sidecars
+    warnings: tuple[str, ...] = ()  # what disagrees without stopping the load (a hub config against the row)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -91,6 +97,7 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
     they are looked up; ``hf_cache_dir`` defaults to the Hugging Face hub cache; ``weights_path``, a
     checkpoint file or a folder holding one, is used instead of looking)."""
     device = torch.device(device)
+    warnings: list[str] = []
     if spec.loader.startswith("custom:"):
         raise EncoderUnavailable(
             f"{spec.name}: cellpath has no loader for {spec.loader!r} yet; it needs {spec.requires}. "
@@ -108,11 +115,15 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         module, weights, revision = build_entry_point_module(spec, weights_path, weights_dir, hf_cache_dir)
     else:
         found = locate_weights(spec, weights_path, weights_dir, hf_cache_dir)
+        warnings = hub_config_warnings(spec, found)
+        for warning in warnings:
+            log.warning(warning)
         module, revision = _build_with_weights(spec, found, device, weights_dir, hf_cache_dir)
         weights = str(found.path)
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
-    return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision)
+    return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision,
+                   warnings=tuple(warnings))
 
 
 def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.device, weights_dir: Path,
@@ -130,8 +141,6 @@ def _build_with_weights(spec: EncoderSpec, found: WeightsFile, device: torch.dev
             module = Beit3Tokens(spec)
         load_weights_strict(module, vision_state(read_state_dict(found.path, spec)), spec, found.path)
         return module, found.revision
-    if found.origin == "hf-cache" and spec.lora is None:  # a LoRA repo's config.json is not the timm model's
-        check_hub_config(spec, found.path.parent / "config.json")
     with device:  # initialise on the target device: a GPU builds a 1B-parameter ViT in a moment
         module = build_timm_module(spec)
     state = read_state_dict(found.path, spec)
@@ -235,7 +244,13 @@ def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
     except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same actionable message
         raise EncoderLoadError(f"{spec.name}: cannot read checkpoint {path} ({type(exc).__name__}: {exc})") from None
     key = spec.checkpoint.state_dict_key
-    if key is not None and isinstance(state, dict) and not _flat(state):
+    if isinstance(state, dict) and not _flat(state) and TRAINING_TEACHER in state and key not in state:
+        if not spec.checkpoint.dinov2_teacher:
+            raise EncoderLoadError(f"{spec.name}: checkpoint {path} is a training checkpoint (top-level "
+                                   f"{TRAINING_TEACHER!r}), not the released weights the row reads; use "
+                                   f"{_released_file(spec)}")
+        state = dinov2_teacher_backbone(state[TRAINING_TEACHER])
+    elif key is not None and isinstance(state, dict) and not _flat(state):
         if key not in state:
             raise EncoderLoadError(f"{spec.name}: checkpoint {path} has no {key!r} entry (checkpoint.state_dict_key); "
                                    f"its top-level keys: {', '.join(map(str, list(state)[:8]))}")
@@ -243,6 +258,7 @@ def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not _flat(state):
         raise EncoderLoadError(f"{spec.name}: checkpoint {path} is not a flat state dict of tensors "
                                "(save model.state_dict() itself, or name its entry in checkpoint.state_dict_key)")
+    state = timm.models.clean_state_dict(state)  # a DataParallel (module.) or compiled (_orig_mod.) model's keys
     prefix = spec.checkpoint.keep_prefix
     if prefix is not None:
         if not any(k.startswith(prefix) for k in state):
@@ -251,6 +267,20 @@ def read_state_dict(path: Path, spec: EncoderSpec) -> dict[str, torch.Tensor]:
         state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
     dropped = tuple(spec.checkpoint.drop)
     return {k: v for k, v in state.items() if not k.startswith(dropped)} if dropped else state
+
+
+def dinov2_teacher_backbone(teacher: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backbone of a DINOv2 training checkpoint's teacher as a timm ViT's state dict: keys under
+    ``backbone.`` with the prefix removed, chunked blocks (``blocks.<chunk>.<i>.``) renumbered
+    ``blocks.<i>.``, the mask token (training only) and the DINO/iBOT heads left out."""
+    backbone = {k.removeprefix("backbone."): v for k, v in teacher.items() if k.startswith("backbone.")}
+    return {re.sub(r"^blocks\.\d+\.(\d+)\.", r"blocks.\1.", k): v for k, v in backbone.items() if k != "mask_token"}
+
+
+def _released_file(spec: EncoderSpec) -> str:
+    """Where the row's released weights are, in words, for an error message."""
+    name = spec.checkpoint.filename or " or ".join(CHECKPOINT_FILENAMES)
+    return f"{name} from {spec.hub_repo}" if spec.hub_repo else name
 
 
 def resample_position_embeddings(module: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -288,11 +318,15 @@ def load_weights_strict(module: nn.Module, state: dict[str, torch.Tensor], spec:
     module.load_state_dict(state, strict=True)
 
 
-def check_hub_config(spec: EncoderSpec, config_path: Path) -> None:
-    """Compare a cached hub ``config.json`` (timm format) with the row, when the file exists:
-    architecture, model_args present in both, and the pretrained mean/std."""
-    if not config_path.is_file():
-        return
+def hub_config_warnings(spec: EncoderSpec, found: WeightsFile) -> list[str]:
+    """Where a timm row's cached hub ``config.json`` disagrees with the row: the architecture,
+    model_args present in both, and (for a row whose mean/std follow the hub config) the pretrained
+    mean/std, each printed with both values. Warnings, not errors: a port's config may carry other
+    values than the model card while its weights are right, and whether weights fit the architecture
+    is the strict load's to decide (an error there)."""
+    config_path = found.path.parent / "config.json"
+    if spec.loader != "timm" or found.origin != "hf-cache" or spec.lora is not None or not config_path.is_file():
+        return []  # a LoRA repo's config.json is not the timm model's
     config = json.loads(config_path.read_text())
     problems = []
     if config.get("architecture") not in (None, spec.timm_model):
@@ -305,9 +339,10 @@ def check_hub_config(spec: EncoderSpec, config_path: Path) -> None:
     for key in ("mean", "std"):
         if key in pretrained and not _same(tuple(pretrained[key]), getattr(spec, key)):
             problems.append(f"pretrained_cfg.{key} {pretrained[key]} vs {key} {list(getattr(spec, key))}")
-    if problems:
-        raise EncoderLoadError(f"{spec.name}: the cached hub config {config_path} disagrees with "
-                               f"models/encoders.yaml: {'; '.join(problems)}. Fix the registry row.")
+    card = "; where the model card agrees with the row, record mean_std_source: model-card"
+    return [f"{spec.name}: the hub config {config_path} disagrees with models/encoders.yaml: {problem}. The row's "
+            f"value is used: check it against the model card{card if 'pretrained_cfg' in problem else ''}"
+            for problem in problems]
 
 
 def check_module(spec: EncoderSpec, module: nn.Module) -> None:

@@ -62,7 +62,12 @@ class CheckpointSpec(BaseModel):
     path inside the hub repo (``models/<slug>/`` holds its last part); ``repo_type`` is ``dataset``
     for a file kept in a dataset repo (CTransPath's in MahmoodLab/hest-bench). ``timm_filter``:
     pass the state dict through the architecture's own timm ``checkpoint_filter_fn``, which converts
-    checkpoints of older timm layouts (e.g. Swin's downsample moved to the next stage)."""
+    checkpoints of older timm layouts (e.g. Swin's downsample moved to the next stage).
+    ``dinov2_teacher``: also accept the DINOv2 training checkpoint the model's authors release (a dict
+    with the ``teacher`` network's keys under ``backbone.``, blocks in chunks, DINO/iBOT heads beside
+    it): its backbone is read, un-chunked, without the heads and the mask token (GPFM's GitHub
+    release ``GPFM.pth``). Keys of a DataParallel or compiled model (``module.``, ``_orig_mod.``) are
+    read without that prefix in every row (timm's ``clean_state_dict``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -73,6 +78,7 @@ class CheckpointSpec(BaseModel):
     drop: tuple[str, ...] = ()
     resample_pos_embed: bool = False
     timm_filter: bool = False
+    dinov2_teacher: bool = False
 
 
 class Beit3Kwargs(BaseModel):
