@@ -28,11 +28,15 @@ have no Tcoarse class and are dropped (and counted).
 
 from __future__ import annotations
 
+import io
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
+import ijson
 import numpy as np
 
 from cellpath.annotation.ontology import COARSE_CLASSES
@@ -65,14 +69,14 @@ def read_cellvit(path: Path | str, *, slide_mpp: float | None = None,
     extent. Raises InputError naming the file for anything malformed or inconsistent.
     """
     path = Path(path)
-    document = _load_json(path)
     if _is_geojson(path):
-        names, xy = _geojson_detections(document, path)
+        names, xy = _geojson_detections(_load_json(path), path)
     else:
-        _check_mpp(document, slide_mpp, path)
-        names, xy = _json_detections(document, path)
-        if _is_v1_type_map(document["type_map"]):
-            xy = xy * _v1_level0_scale(document, path)
+        header, cells = _stream_cells_json(path)
+        _check_mpp(header, slide_mpp, path)
+        names, xy = _json_detections(header, cells, path)
+        if _is_v1_type_map(header["type_map"]):
+            xy = xy * _v1_level0_scale(header, path)
     if len(names) == 0:
         raise InputError("the CellViT++ output holds no detections; rerun CellViT++ on this slide or "
                          "check that the tissue was found", path=path)
@@ -154,18 +158,119 @@ def _is_geojson(path: Path) -> bool:
     return path.name.removesuffix(".snappy").endswith(".geojson")
 
 
-def _load_json(path: Path):
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed when it is ``.snappy``."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read the CellViT++ output ({exc.strerror})", path=path) from None
-    if path.name.endswith(".snappy"):
-        raw = _snappy_decompress(raw, path)
+    return _snappy_decompress(raw, path) if path.name.endswith(".snappy") else raw
+
+
+def _invalid_json(path: Path, error: Exception) -> InputError:
+    reason = str(error).splitlines()[0].strip() if str(error).strip() else type(error).__name__
+    return InputError(f"the CellViT++ output is not valid JSON ({reason}); it may be truncated — rerun "
+                      f"CellViT++ or copy the file again", path=path)
+
+
+def _load_json(path: Path):
     try:
-        return json.loads(raw)
+        return json.loads(_read_bytes(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"the CellViT++ output is not valid JSON ({exc}); it may be truncated — rerun "
-                         f"CellViT++ or copy the file again", path=path) from None
+        raise _invalid_json(path, exc) from None
+
+
+@contextmanager
+def _json_stream(path: Path) -> Iterator[BinaryIO]:
+    """The JSON bytes as a seekable binary stream: the file itself, or a ``.snappy`` file decompressed
+    into memory (its JSON bytes, not Python objects)."""
+    if path.name.endswith(".snappy"):
+        yield io.BytesIO(_read_bytes(path))
+        return
+    try:
+        stream = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"cannot read the CellViT++ output ({exc.strerror})", path=path) from None
+    with stream:
+        yield stream
+
+
+class _StrictJSONError(Exception):
+    """ijson refused the bytes (raised from its error)."""
+
+
+def _first(stream: BinaryIO, prefix: str):
+    """The value at ``prefix`` (``None`` when absent), parsed up to it; the stream rewound first."""
+    stream.seek(0)
+    try:
+        return next(ijson.items(stream, prefix, use_float=True), None)
+    except (ijson.JSONError, UnicodeDecodeError) as exc:
+        raise _StrictJSONError() from exc
+
+
+def _stream_cells_json(path: Path) -> tuple[dict, list[dict | None]]:
+    """A cells.json / cell_detection.json read one cell at a time (ijson): the document's small keys
+    (``wsi_metadata``, ``type_map``), and per cell only its ``centroid`` and ``type`` (``None`` for a
+    cell without them) — contours and bounding boxes are parsed and dropped, so memory grows with the
+    number of cells, not the file. Passes: the two small keys (each read up to where it stands, at
+    the start in CellViT++'s files), then the cells. A file that only Python's own parser accepts
+    (``NaN`` or ``Infinity``, which ``json.dump`` writes for a non-finite float) is read whole."""
+    try:
+        return _cells_json_passes(path)
+    except _StrictJSONError as strict:
+        try:
+            document = json.loads(_read_bytes(path))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise _invalid_json(path, strict.__cause__) from None
+        return _whole_cells_json(document, path)
+
+
+def _whole_cells_json(document, path: Path) -> tuple[dict, list[dict | None]]:
+    if not isinstance(document, dict):
+        raise InputError("expected a JSON object with keys wsi_metadata, type_map and cells", path=path)
+    missing = [k for k in ("type_map", "cells") if k not in document]
+    if missing:
+        raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
+                         path=path)
+    if not isinstance(document["type_map"], dict) or not isinstance(document["cells"], list):
+        raise InputError("type_map must be an object and cells a list", path=path)
+    return ({k: document[k] for k in ("wsi_metadata", "type_map") if k in document},
+            [_centroid_and_type(cell) for cell in document["cells"]])
+
+
+def _centroid_and_type(cell) -> dict | None:
+    return {"centroid": cell["centroid"], "type": cell["type"]} \
+        if isinstance(cell, dict) and "centroid" in cell and "type" in cell else None
+
+
+def _cells_json_passes(path: Path) -> tuple[dict, list[dict | None]]:
+    with _json_stream(path) as stream:
+        start = stream.read(64).lstrip()
+        if not start.startswith(b"{"):
+            if not start:
+                raise _invalid_json(path, ValueError("the file is empty"))
+            raise InputError("expected a JSON object with keys wsi_metadata, type_map and cells", path=path)
+        header = {key: _first(stream, key) for key in ("wsi_metadata", "type_map")}
+        stream.seek(0)
+        cells: list[dict] = []
+        found = False
+        try:
+            for prefix, event, _ in ijson.parse(stream):
+                if prefix == "cells":
+                    found = event
+                    break
+            if found == "start_array":
+                stream.seek(0)
+                cells = [_centroid_and_type(cell) for cell in ijson.items(stream, "cells.item", use_float=True)]
+        except (ijson.JSONError, UnicodeDecodeError) as exc:
+            raise _StrictJSONError() from exc
+    missing = [k for k, present in (("type_map", header["type_map"] is not None), ("cells", found)) if not present]
+    if missing:
+        raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
+                         path=path)
+    if found != "start_array" or not isinstance(header["type_map"], dict):
+        raise InputError("type_map must be an object and cells a list", path=path)
+    return {k: v for k, v in header.items() if v is not None}, cells
 
 
 def _snappy_decompress(data: bytes, path: Path) -> bytes:
@@ -214,25 +319,16 @@ def _check_mpp(document, slide_mpp: float | None, path: Path) -> None:
                          f"section's H&E image", path=path)
 
 
-def _json_detections(document, path: Path) -> tuple[list[str], np.ndarray]:
-    """Class names and (N, 2) centroids from a cells.json / cell_detection.json document."""
-    if not isinstance(document, dict):
-        raise InputError("expected a JSON object with keys wsi_metadata, type_map and cells", path=path)
-    missing = [k for k in ("type_map", "cells") if k not in document]
-    if missing:
-        raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
-                         path=path)
-    type_map, cells = document["type_map"], document["cells"]
-    if not isinstance(type_map, dict) or not isinstance(cells, list):
-        raise InputError("type_map must be an object and cells a list", path=path)
+def _json_detections(header: dict, cells: list[dict | None], path: Path) -> tuple[list[str], np.ndarray]:
+    """Class names and (N, 2) centroids from a cells.json / cell_detection.json's ``type_map`` and its
+    cells' centroid and type (``None``: a cell without them)."""
+    type_map = header["type_map"]
     if _is_v1_type_map(type_map):  # CellViT v1: name → id
         if len(set(type_map.values())) != len(type_map):
             raise InputError(f"type_map gives one id to several classes: {type_map}", path=path)
         type_map = {str(class_id): name for name, class_id in type_map.items()}
-    complete = [isinstance(c, dict) and "centroid" in c and "type" in c for c in cells]
-    if not all(complete):
-        incomplete = complete.index(False)
-        raise InputError(f"cell {incomplete} has no centroid or type", path=path)
+    if None in cells:
+        raise InputError(f"cell {cells.index(None)} has no centroid or type", path=path)
     centroids = [cell["centroid"] for cell in cells]
     keys = [str(cell["type"]) for cell in cells]
     unknown = set(keys) - set(type_map)

@@ -202,6 +202,18 @@ def test_detections_outside_the_slide_are_an_input_error(tmp_path):
         read_cellvit(path, slide_dimensions=(80, 90))
 
 
+def test_the_cells_are_read_whatever_the_order_of_the_documents_keys(tmp_path):
+    """The reader streams the cells and looks the small keys up separately: cells first (another
+    writer's order) read the same as CellViT++'s wsi_metadata, type_map, cells."""
+    document = cellvit_document(full=True)
+    reordered = {"cells": document["cells"], "type_map": document["type_map"], "wsi_metadata": document["wsi_metadata"]}
+    first = read_cellvit(_write(tmp_path / "a_cells.json", document), slide_mpp=MPP)
+    second = read_cellvit(_write(tmp_path / "b_cells.json", reordered), slide_mpp=MPP)
+    assert second.x_px.tolist() == first.x_px.tolist() and second.label.tolist() == first.label.tolist()
+    with pytest.raises(InputError, match="CellViT\\+\\+ ran on a slide of 0.2738"):  # wsi_metadata still checked
+        read_cellvit(tmp_path / "b_cells.json", slide_mpp=0.5)
+
+
 # --- malformed files -------------------------------------------------------------------------
 
 def _bad_documents() -> dict[str, tuple[object, str]]:
@@ -228,6 +240,7 @@ def _bad_documents() -> dict[str, tuple[object, str]]:
     return {
         "s_cells.json:list": ([1, 2, 3], "expected a JSON object"),
         "s_cells.json:no_cells": (no_cells, r"missing key\(s\) \['cells'\]"),
+        "s_cells.json:cells_object": (no_cells | {"cells": {"0": {}}}, "type_map must be an object and cells a list"),
         "s_cells.json:no_centroid": (no_centroid, "cell 2 has no centroid or type"),
         "s_cells.json:unknown_id": (unknown_id, "cell 1 has class id 9, which type_map does not list"),
         "s_cells.json:unknown_name": (unknown_name, "class 'Lymphocyte' is not a PanNuke class.*default PanNuke"),
