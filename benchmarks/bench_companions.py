@@ -18,7 +18,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from cellpath.config import load_params
