@@ -11,8 +11,9 @@ at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS i
 (``os.wait4``'s rusage), its wall time from start to exit.
 
 Writes benchmarks/results/real_section.json (``--stages`` may stop early; a stage that fails is
-recorded with its exit status and the run stops there). ``--workdir`` keeps the data for a rerun of
-later stages (``--stages concordance extract``).
+recorded with its exit status, and the signal that killed it — SIGKILL from the kernel's OOM killer
+where memory ran out — and the run stops there). ``--workdir`` keeps the data for a rerun of later
+stages (``--stages concordance extract``).
 
 Usage: python benchmarks/bench_real_section.py [--cells 283171] [--genes 5000] [--workdir DIR]
        [--stages fetch ingest annotate cellvit concordance extract probe]
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,8 +105,10 @@ def run_stage(stage: str, params: Path, workdir: Path) -> dict:
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - started
     log.close()
-    return {"returncode": os.waitstatus_to_exitcode(status), "seconds": round(seconds, 1),
-            "peak_rss_bytes": usage.ru_maxrss * 1024, "log": str(workdir / f"{stage}.log")}
+    returncode = os.waitstatus_to_exitcode(status)
+    return {"returncode": returncode, "seconds": round(seconds, 1), "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "log": f"{stage}.log in the workdir",
+            **({"killed_by": signal.Signals(-returncode).name} if returncode < 0 else {})}
 
 
 def main() -> None:
