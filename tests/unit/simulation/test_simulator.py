@@ -21,6 +21,7 @@ from sklearn.preprocessing import StandardScaler
 from cellpath.annotation.ontology import FINE_CLASSES, cell_type, cell_type_by_name, genes_of, map_reference_labels
 from cellpath.config import load_params
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM, parse_alignment_csv
+from cellpath.simulation.expression import build_panel, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import COMPARTMENTS, PROGRAMS
 from cellpath.simulation.tissue import layout_cells
@@ -303,3 +304,36 @@ def test_bundle_files_and_metadata(tiny_panel):
         assert 'PhysicalSizeX="0.273800"' in tif.ome_metadata
     boundaries = pd.read_parquet(folder / "nucleus_boundaries.parquet")
     assert boundaries.groupby("cell_id").size().eq(14).all()
+
+
+def _counts_of_one_block(types, xy_um, cell_area, programs, panel, rng, depth=110.0, spillover=0.2,
+                         dispersion=4.0):
+    """The section's counts computed whole, as one (cells × genes) draw of each kind: the reference
+    the block-wise sampler must reproduce bit for bit."""
+    rates = np.stack([programs[t] for t in types])
+    _, neighbours = cKDTree(xy_um).query(xy_um, k=7)
+    rates = (1 - spillover) * rates + spillover * rates[neighbours[:, 1:]].mean(axis=1)
+    size = cell_area / np.mean(cell_area) * rng.lognormal(0.0, 0.3, len(types))
+    rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size)[:, None]
+    genes = rng.poisson(rates * rng.gamma(dispersion, 1.0 / dispersion, rates.shape))
+    controls = rng.poisson(0.004, (len(types), len(panel.controls)))
+    return np.hstack([genes, controls]).astype(np.int32)
+
+
+@pytest.mark.parametrize("block_cells", [1, 37, 500, 4096])
+def test_counts_drawn_block_by_block_are_the_whole_sections_draws(block_cells):
+    """Memory is one block's, and the counts do not depend on the block size: the same draws in the
+    same order as a whole-section computation, bit for bit (and the generator left where it would be)."""
+    panel = build_panel(240)
+    programs = type_programs(panel.genes, np.random.default_rng(1))
+    rng = np.random.default_rng(2)
+    n = 500
+    types = rng.choice(sorted(programs), n)
+    xy_um, cell_area = rng.uniform(0, 400, (n, 2)), rng.uniform(30, 120, n)
+    expected_rng, blocked_rng = np.random.default_rng(3), np.random.default_rng(3)
+    expected = _counts_of_one_block(types, xy_um, cell_area, programs, panel, expected_rng)
+    counts = xenium_counts(types, xy_um, cell_area, programs, panel, blocked_rng, block_cells=block_cells)
+    assert sparse.isspmatrix_csr(counts) and counts.dtype == np.int32 and counts.has_sorted_indices
+    np.testing.assert_array_equal(counts.toarray(), expected)
+    assert expected.sum() > 10 * n  # counts, not zeros
+    assert blocked_rng.random() == expected_rng.random()
