@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tifffile
-from scipy import sparse
+from scipy import ndimage, sparse
 from scipy.spatial import cKDTree
 from skimage.color import rgb2hed
 from sklearn.linear_model import LogisticRegression
@@ -24,6 +25,7 @@ from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM, parse_alignment_csv
 from cellpath.simulation.expression import build_panel, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
 from cellpath.simulation.programs import COMPARTMENTS, PROGRAMS
+from cellpath.simulation.render import acquire, draw_acquisition
 from cellpath.simulation.tissue import layout_cells
 from cellpath.sources.synthetic import fetch_synthetic
 from helpers.project import PROJECT_ROOT, tiny_params
@@ -337,3 +339,33 @@ def test_counts_drawn_block_by_block_are_the_whole_sections_draws(block_cells):
     np.testing.assert_array_equal(counts.toarray(), expected)
     assert expected.sum() > 10 * n  # counts, not zeros
     assert blocked_rng.random() == expected_rng.random()
+
+
+def _acquire_whole(haematoxylin, eosin, acquisition, rng):
+    """The whole image's RGB in one computation: the reference for the banded ``acquire``."""
+    od = (haematoxylin[..., None] * (acquisition.haematoxylin_scale * acquisition.haematoxylin_od)
+          + eosin[..., None] * (acquisition.eosin_scale * acquisition.eosin_od) + acquisition.background_od
+          ).astype(np.float32)
+    od = ndimage.gaussian_filter(od, sigma=(acquisition.blur_sigma_px, acquisition.blur_sigma_px, 0))
+    rgb = np.float32(255.0) * np.exp(-od)
+    rgb *= (1.0 + acquisition.illumination_tilt * np.linspace(-1, 1, rgb.shape[1], dtype=np.float32))[None, :, None]
+    rgb += np.float32(acquisition.noise_sd) * rng.standard_normal(rgb.shape, dtype=np.float32)
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("band_rows", [1, 5, 33, 1024])
+def test_the_rgb_made_band_by_band_is_the_whole_images(band_rows):
+    """The blur reaches across bands through their halos and the noise is drawn in the image's row
+    order: every pixel bit for bit what one whole-image computation gives, and the generator left
+    where it would be (a 2.5 px blur: the widest the simulator draws)."""
+    rng = np.random.default_rng(4)
+    haematoxylin = rng.uniform(0, 1.2, (67, 41)).astype(np.float32)
+    eosin = rng.uniform(0, 0.6, (67, 41)).astype(np.float32)
+    acquisition = draw_acquisition(np.random.default_rng(5), 1.0)
+    acquisition = dataclasses.replace(acquisition, blur_sigma_px=2.5)
+    expected_rng, banded_rng = np.random.default_rng(6), np.random.default_rng(6)
+    expected = _acquire_whole(haematoxylin, eosin, acquisition, expected_rng)
+    np.testing.assert_array_equal(acquire(haematoxylin, eosin, acquisition, banded_rng, band_rows=band_rows),
+                                  expected)
+    assert banded_rng.random() == expected_rng.random()
+    assert len(np.unique(expected)) > 50  # an image, not a constant
