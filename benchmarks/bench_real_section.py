@@ -10,9 +10,9 @@ reference of the organ), concordance (reading the CellViT++ file), extract (the 
 at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS is its own process's
 (``os.wait4``'s rusage), its wall time from start to exit.
 
-Writes benchmarks/results/real_section.json (``--stages`` may stop early; a stage that fails is
-recorded with its exit status, and the signal that killed it — SIGKILL from the kernel's OOM killer
-where memory ran out — and the run stops there). ``--workdir`` keeps the data for a rerun of later
+Writes benchmarks/results/real_section.json after every stage (``--stages`` may stop early; a stage
+that fails is recorded with its exit status, and the signal that killed it — SIGKILL from the
+kernel's OOM killer where memory ran out — and the run stops there). ``--workdir`` keeps the data for a rerun of later
 stages (``--stages concordance extract``).
 
 Usage: python benchmarks/bench_real_section.py [--cells 283171] [--genes 5000] [--workdir DIR]
@@ -91,7 +91,8 @@ def write_cellvit(data_dir: Path, out_dir: Path, he_mpp: float, seed: int = 0) -
                     "type_prob": round(float(rng.uniform(0.5, 1.0)), 4), "type": int(types[i])}
             out.write(("," if i else "") + json.dumps(cell))
         out.write("]}")
-    return {"path": str(path), "nuclei": len(truth), "bytes": path.stat().st_size}
+    return {"path": f"{path.relative_to(out_dir.parent)} in the workdir", "nuclei": len(truth),
+            "bytes": path.stat().st_size}
 
 
 def run_stage(stage: str, params: Path, workdir: Path) -> dict:
@@ -133,14 +134,14 @@ def main() -> None:
         else:
             stages[stage] = run_stage(stage, params, workdir)
         print(stage, stages[stage], flush=True)
+        result = with_provenance({
+            "benchmark": "real_section", "cells": args.cells, "genes": args.genes, "section": SECTION,
+            "he_mpp": he_mpp, "stages": stages, "workdir": "kept" if args.workdir else "temporary",
+            "budget_bytes": 24e9, "blas": threadpool_info(), "machine": {"cpus": os.cpu_count()},
+        }, stamp)
+        OUT.write_text(json.dumps(result, indent=2) + "\n")  # after every stage: a long run stopped keeps its stages
         if stages[stage]["returncode"] != 0:
             break
-    result = with_provenance({
-        "benchmark": "real_section", "cells": args.cells, "genes": args.genes, "section": SECTION,
-        "he_mpp": he_mpp, "stages": stages, "workdir": "kept" if args.workdir else "temporary",
-        "budget_bytes": 24e9, "blas": threadpool_info(), "machine": {"cpus": os.cpu_count()},
-    }, stamp)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(stages, indent=2))
 
 
