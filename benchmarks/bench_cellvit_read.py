@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from blas_conditions import blas_report
 from provenance import run_stamp, with_provenance
-from threadpoolctl import threadpool_info
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "cellvit_read.json"
@@ -114,7 +114,7 @@ def main() -> None:
     result = with_provenance({
         "benchmark": "cellvit_read", "nuclei": args.nuclei, "contour_points": CONTOUR_POINTS, "file_bytes": size,
         "repeats": args.repeats, "runs": runs, "summary": summary, "whole_over_streamed": ratios,
-        "blas": threadpool_info(), "machine": {"cpus": os.cpu_count()},
+        "blas": blas_report(), "machine": {"cpus": os.cpu_count()},
     }, stamp)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "whole_over_streamed": ratios}, indent=2))

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from blas_conditions import blas_report
 from provenance import run_stamp, with_provenance
-from threadpoolctl import threadpool_info
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "dvc_storage.json"
@@ -187,7 +187,7 @@ def main() -> None:
                   "cells_per_section": CELLS_PER_SECTION, "width": WIDTH, "dtype": "float16"},
         "repeats": args.repeats, "cold_page_cache": cold, "sides": SIDES, "runs": runs,
         "summary": summarise(runs, store_bytes),
-        "blas": threadpool_info(),  # recorded for every benchmark; DVC's hashing does not use BLAS
+        "blas": blas_report(),  # recorded for every benchmark; DVC's hashing does not use BLAS
         "machine": {"cpus": os.cpu_count()},
     }, stamp)
     OUT.write_text(json.dumps(result, indent=2) + "\n")

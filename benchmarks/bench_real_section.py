@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from blas_conditions import blas_report
 from provenance import run_stamp, with_provenance
-from threadpoolctl import threadpool_info
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "real_section.json"
@@ -137,7 +137,7 @@ def main() -> None:
         result = with_provenance({
             "benchmark": "real_section", "cells": args.cells, "genes": args.genes, "section": SECTION,
             "he_mpp": he_mpp, "stages": stages, "workdir": "kept" if args.workdir else "temporary",
-            "budget_bytes": 24e9, "blas": threadpool_info(), "machine": {"cpus": os.cpu_count()},
+            "budget_bytes": 24e9, "blas": blas_report(), "machine": {"cpus": os.cpu_count()},
         }, stamp)
         OUT.write_text(json.dumps(result, indent=2) + "\n")  # after every stage: a long run stopped keeps its stages
         if stages[stage]["returncode"] != 0:
