@@ -228,14 +228,19 @@ def _stream_cells_json(path: Path) -> tuple[dict, list[dict | None]]:
 def _whole_cells_json(document, path: Path) -> tuple[dict, list[dict | None]]:
     if not isinstance(document, dict):
         raise InputError("expected a JSON object with keys wsi_metadata, type_map and cells", path=path)
-    missing = [k for k in ("type_map", "cells") if k not in document]
+    _check_keys(document.get("type_map"), "cells" in document, isinstance(document.get("cells"), list), path)
+    return ({k: document[k] for k in ("wsi_metadata", "type_map") if k in document},
+            [_centroid_and_type(cell) for cell in document["cells"]])
+
+
+def _check_keys(type_map, has_cells: bool, cells_is_list: bool, path: Path) -> None:
+    """A cells.json must have a ``type_map`` object and a ``cells`` list."""
+    missing = [k for k, present in (("type_map", type_map is not None), ("cells", has_cells)) if not present]
     if missing:
         raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
                          path=path)
-    if not isinstance(document["type_map"], dict) or not isinstance(document["cells"], list):
+    if not isinstance(type_map, dict) or not cells_is_list:
         raise InputError("type_map must be an object and cells a list", path=path)
-    return ({k: document[k] for k in ("wsi_metadata", "type_map") if k in document},
-            [_centroid_and_type(cell) for cell in document["cells"]])
 
 
 def _centroid_and_type(cell) -> dict | None:
@@ -264,12 +269,7 @@ def _cells_json_passes(path: Path) -> tuple[dict, list[dict | None]]:
                 cells = [_centroid_and_type(cell) for cell in ijson.items(stream, "cells.item", use_float=True)]
         except (ijson.JSONError, UnicodeDecodeError) as exc:
             raise _StrictJSONError() from exc
-    missing = [k for k, present in (("type_map", header["type_map"] is not None), ("cells", found)) if not present]
-    if missing:
-        raise InputError(f"missing key(s) {missing}; is this a CellViT++ cells.json / cell_detection.json?",
-                         path=path)
-    if found != "start_array" or not isinstance(header["type_map"], dict):
-        raise InputError("type_map must be an object and cells a list", path=path)
+    _check_keys(header["type_map"], bool(found), found == "start_array", path)
     return {k: v for k, v in header.items() if v is not None}, cells
 
 
