@@ -23,7 +23,6 @@ flat index is used when faiss sees a GPU (``faiss.get_num_gpus() > 0``), the CPU
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
