@@ -48,25 +48,60 @@ class Reference:
     vocabulary: str = ONTOLOGY_VOCABULARY
 
 
+@dataclass
+class CountAudit:
+    """Running tallies of what makes stored values not raw counts, over a matrix read whole or in row
+    blocks (:meth:`add` per block): non-finite, negative and fractional values, the first fractional
+    one and the largest value. Integer values are whole by their type and only checked for sign."""
+
+    values: int = 0
+    nonfinite: int = 0
+    negative: int = 0
+    fractional: int = 0
+    example: float | None = None
+    maximum: float = float("-inf")
+
+    def add(self, data: np.ndarray) -> None:
+        self.values += len(data)
+        if len(data) == 0:
+            return
+        if np.issubdtype(data.dtype, np.integer):
+            self.negative += int((data < 0).sum())
+            self.maximum = max(self.maximum, float(data.max()))
+            return
+        finite = np.isfinite(data)
+        self.nonfinite += int(len(data) - finite.sum())
+        self.negative += int((data < 0).sum())
+        fractional = np.abs(data - np.rint(data)) > 1e-6
+        self.fractional += int(fractional.sum())
+        if self.example is None and fractional.any():
+            self.example = float(data[np.argmax(fractional)])
+        if finite.any():
+            self.maximum = max(self.maximum, float(data[finite].max()))
+
+    def raise_if_not_counts(self, what: str, path: Path, section: str | None, hint: str = "") -> None:
+        """One InputError naming the file, the first kind of offending value and ``hint`` (where
+        counts may be); nothing when every value was a finite, non-negative whole number."""
+        if self.nonfinite:
+            raise InputError(f"{what} contains {self.nonfinite} NaN or infinite counts", path=path, section=section)
+        if self.negative:
+            raise InputError(f"{what} contains {self.negative} negative counts; raw counts are required" + hint,
+                             path=path, section=section)
+        if self.fractional:
+            raise InputError(f"{what} are not raw counts: {self.fractional} of {self.values} non-zero values are not "
+                             f"whole numbers (e.g. {self.example:.4g}; max {self.maximum:.4g}) — normalised or "
+                             f"log-transformed data, which label transfer would normalise a second time" + hint,
+                             path=path, section=section)
+
+
 def check_counts(matrix: sparse.spmatrix | np.ndarray, what: str, path: Path, section: str | None,
                  hint: str = "") -> sparse.csr_matrix:
     """``matrix`` as CSR if it holds raw counts: finite, non-negative whole numbers; else one
     InputError naming the file, the first offending value and ``hint`` (where counts may be)."""
     matrix = sparse.csr_matrix(matrix)
-    data = matrix.data
-    if not np.all(np.isfinite(data)):
-        raise InputError(f"{what} contains {int((~np.isfinite(data)).sum())} NaN or infinite counts", path=path,
-                         section=section)
-    if (data < 0).any():
-        raise InputError(f"{what} contains {int((data < 0).sum())} negative counts; raw counts are required"
-                         + hint, path=path, section=section)
-    fractional = np.abs(data - np.rint(data)) > 1e-6
-    if fractional.any():
-        example = float(data[np.argmax(fractional)])
-        raise InputError(f"{what} are not raw counts: {int(fractional.sum())} of {len(data)} non-zero values are not "
-                         f"whole numbers (e.g. {example:.4g}; max {float(data.max()):.4g}) — normalised or "
-                         f"log-transformed data, which label transfer would normalise a second time" + hint,
-                         path=path, section=section)
+    audit = CountAudit()
+    audit.add(matrix.data)
+    audit.raise_if_not_counts(what, path, section, hint)
     return matrix
 
 

@@ -7,7 +7,7 @@
 - dense text tables, genes × cells, tab-, comma- or whitespace-separated, gzip or not: pandas, read in
   row chunks so a 200,000-cell table never sits in memory dense;
 - h5ad (CELLxGENE: Ensembl ids as var_names, symbols in ``var["feature_name"]``, raw counts in
-  ``raw.X`` while X is normalised): anndata.
+  ``raw.X`` while X is normalised): anndata's element readers, the counts in row blocks.
 
 Every reader checks that the counts are whole numbers (non-integer values are refused with their
 number) and indexes genes by symbol, summing genes that share one (cellpath.annotation.genes).
@@ -22,20 +22,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import anndata as ad
+import h5py
 import numpy as np
 import pandas as pd
 from scipy import sparse
+from anndata.io import read_elem, sparse_dataset
 from scipy.io import mmread
 
 from cellpath.annotation.genes import SYMBOL_COLUMNS, collapse_to_symbols, looks_like_ensembl, symbol_column
-from cellpath.annotation.transfer import check_counts, counts_at
+from cellpath.annotation.transfer import CountAudit, check_counts
 from cellpath.errors import InputError
 
 MATRIX_NAME = re.compile(r"(matrix|sparse)\.mtx(\.gz)?$")
 H5_SUFFIXES = re.compile(r"_?(filtered|raw)?_?(feature|gene)_bc_matri(x|ces)(_h5)?\.h5$|\.h5$")
 GEO_SAMPLE = re.compile(r"^GSM\d+[_.-]?")
 MAX_DENSE_VALUES = 20_000_000  # values per chunk of a dense table (160 MB as float64)
+H5AD_BLOCK_VALUES = 20_000_000  # stored values per row block of an h5ad's counts (160 MB as float64)
 
 
 @dataclass(frozen=True)
@@ -222,30 +224,98 @@ def read_dense(path: Path, labels_from_header: bool) -> CountTable:
 def read_h5ad(path: Path, counts_source: str, gene_symbols: str | None, label_column: str | None) -> CountTable:
     """An h5ad (e.g. CELLxGENE): raw counts from ``counts_source`` (auto: raw.X, else layers/counts,
     else X), genes by symbol (Ensembl var_names through ``gene_symbols``, default feature_name …),
-    labels from obs[``label_column``] when given."""
+    labels from obs[``label_column``] when given.
+
+    Only obs, var and the chosen matrix are read, the matrix in row blocks of about
+    ``H5AD_BLOCK_VALUES`` stored values, each checked for whole numbers and kept as integers: a
+    whole atlas's normalised X and a float copy of its counts are never held."""
     try:
-        adata = ad.read_h5ad(path)
-    except Exception as exc:  # h5py/anndata raise several types for corrupt files
+        handle = h5py.File(path, "r")
+    except OSError as exc:
         raise InputError(f"cannot read the h5ad ({type(exc).__name__}: {exc})", path=path) from None
-    if counts_source == "auto":
-        counts_source = "raw" if adata.raw is not None else "layers/counts" if "counts" in adata.layers else "X"
-    hint = f"; pass --counts X, raw or layers/<name> (it has X{''.join(', layers/' + k for k in adata.layers)}" \
-           f"{', raw' if adata.raw is not None else ''})"
-    matrix, var = counts_at(adata, counts_source, path, hint)
-    names = var.index.to_numpy()
-    symbols = names
-    if gene_symbols is not None or looks_like_ensembl(names):
-        column = symbol_column(var, gene_symbols)
-        if column is None:
-            raise InputError(f"the genes are Ensembl ids and var has no symbol column "
-                             f"({gene_symbols or ', '.join(SYMBOL_COLUMNS)}; var columns: "
-                             f"{', '.join(map(str, var.columns)) or 'none'}); pass --gene-symbols COLUMN", path=path)
-        symbols = var[column].to_numpy()
-    if label_column is not None and label_column not in adata.obs:
-        raise InputError(f"obs has no label column {label_column!r} (columns: {', '.join(map(str, adata.obs.columns))}"
-                         "); pass --label-column", path=path)
-    labels = adata.obs[label_column].to_numpy(dtype=object) if label_column else None
+    with handle:
+        try:
+            obs, var = read_elem(handle["obs"]), read_elem(handle["var"])
+            raw_var = read_elem(handle["raw/var"]) if "raw/X" in handle else None
+        except Exception as exc:  # h5py/anndata raise several types for corrupt files
+            raise InputError(f"cannot read the h5ad ({type(exc).__name__}: {exc})", path=path) from None
+        layers = list(handle["layers"].keys()) if "layers" in handle else []
+        if counts_source == "auto":
+            counts_source = "raw" if raw_var is not None else "layers/counts" if "counts" in layers else "X"
+        hint = (f"; pass --counts X, raw or layers/<name> (it has X{''.join(', layers/' + k for k in layers)}"
+                f"{', raw' if raw_var is not None else ''})")
+        element, var = _h5ad_counts_element(handle, counts_source, var, raw_var, path, hint)
+        names = var.index.to_numpy()
+        symbols = names
+        if gene_symbols is not None or looks_like_ensembl(names):
+            column = symbol_column(var, gene_symbols)
+            if column is None:
+                raise InputError(f"the genes are Ensembl ids and var has no symbol column "
+                                 f"({gene_symbols or ', '.join(SYMBOL_COLUMNS)}; var columns: "
+                                 f"{', '.join(map(str, var.columns)) or 'none'}); pass --gene-symbols COLUMN",
+                                 path=path)
+            symbols = var[column].to_numpy()
+        if label_column is not None and label_column not in obs:
+            raise InputError(f"obs has no label column {label_column!r} (columns: "
+                             f"{', '.join(map(str, obs.columns))}); pass --label-column", path=path)
+        labels = obs[label_column].to_numpy(dtype=object) if label_column else None
+        counts = _integer_rows(element, f"counts in {path.name}", path, hint)
     try:
-        return _symbol_table(matrix, symbols, names, adata.obs_names, path.stem, path, [], labels)
+        return _symbol_table(counts, symbols, names, obs.index, path.stem, path, [], labels)
     except InputError as exc:
         raise InputError(f"{exc}{hint}") from None
+
+
+def _h5ad_counts_element(handle: h5py.File, source: str, var: pd.DataFrame, raw_var: pd.DataFrame | None,
+                         path: Path, hint: str) -> tuple[object, pd.DataFrame]:
+    """The stored matrix at ``source`` (``X``, ``raw`` or ``layers/<name>``), unread, with its genes'
+    var frame (raw.var completed with var's columns, which CELLxGENE keeps the symbols in)."""
+    if source == "raw":
+        if raw_var is None:
+            raise InputError("the h5ad has no raw counts (.raw)" + hint, path=path)
+        completed = raw_var.copy()
+        for column in var.columns.difference(completed.columns):
+            completed[column] = var[column].reindex(completed.index)
+        return handle["raw/X"], completed
+    key = source if source == "X" else f"layers/{source.removeprefix('layers/')}"
+    if key not in handle:
+        raise InputError(f"the h5ad has no {source}" + hint, path=path)
+    return handle[key], var
+
+
+def _integer_rows(element: h5py.Dataset | h5py.Group, what: str, path: Path, hint: str) -> sparse.csr_matrix:
+    """A stored matrix (dense, CSR or CSC) as integer CSR, read and checked in row blocks of about
+    ``H5AD_BLOCK_VALUES`` stored values (a CSC matrix, which cannot be read by rows, is read whole)."""
+    audit = CountAudit()
+    if isinstance(element, h5py.Dataset):
+        shape = element.shape
+        step = max(1, H5AD_BLOCK_VALUES // max(1, shape[1]))
+        reads = (sparse.csr_matrix(element[start:start + step]) for start in range(0, shape[0], step))
+    else:
+        matrix = sparse_dataset(element)
+        shape = matrix.shape
+        if matrix.format != "csr":
+            reads = iter([sparse.csr_matrix(matrix.to_memory())])
+        else:
+            indptr = element["indptr"][:]
+            reads = (matrix[start:stop] for start, stop in _row_blocks(indptr, H5AD_BLOCK_VALUES))
+    blocks = [sparse.csr_matrix((0, shape[1]), dtype=np.int32)]
+    for block in reads:
+        audit.add(block.data)
+        if not (audit.nonfinite or audit.negative or audit.fractional):  # past the first bad block: count only
+            blocks.append(block.astype(np.int64 if audit.maximum >= 2**31 else np.int32))
+    audit.raise_if_not_counts(what, path, None, "; a reference needs raw integer counts (UMIs or reads), not "
+                              "normalised values" + hint)
+    return sparse.vstack(blocks, format="csr")
+
+
+def _row_blocks(indptr: np.ndarray, values: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges of a CSR matrix with about ``values`` stored values each (one row at least)."""
+    bounds, start = [], 0
+    n_rows = len(indptr) - 1
+    while start < n_rows:
+        stop = int(np.searchsorted(indptr, indptr[start] + values, side="right")) - 1
+        stop = min(max(stop, start + 1), n_rows)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

@@ -147,6 +147,56 @@ def test_cellxgene_h5ad_reads_raw_counts_and_feature_name(tmp_path):
                         BuildOptions(counts="X"))
 
 
+@pytest.mark.parametrize("layout", ["csr", "csc", "dense"])
+def test_h5ad_counts_read_in_row_blocks_equal_the_whole_matrix(tmp_path, monkeypatch, layout):
+    """Blocks of 3 stored values (one or two rows each): the counts, their integer type and the
+    labels are those of the whole file, for raw.X as CSR, CSC or dense."""
+    from cellpath.references import readers
+
+    path = _cellxgene(tmp_path / "ts.h5ad")
+    if layout != "csr":
+        adata = ad.read_h5ad(path)
+        counts = adata.raw.X.toarray() if layout == "dense" else sparse.csc_matrix(adata.raw.X)
+        adata.raw = ad.AnnData(X=counts, var=adata.raw.var)
+        adata.write_h5ad(path)
+    whole = build_reference(_entry("cellxgene-h5ad", labels_from="obs", label_column="cell_type"), [path],
+                            BuildOptions())
+    monkeypatch.setattr(readers, "H5AD_BLOCK_VALUES", 3)
+    blocked = build_reference(_entry("cellxgene-h5ad", labels_from="obs", label_column="cell_type"), [path],
+                              BuildOptions())
+    assert blocked.adata.X.dtype == np.int32
+    np.testing.assert_array_equal(blocked.adata.X.toarray(), COUNTS)
+    np.testing.assert_array_equal(blocked.adata.X.toarray(), whole.adata.X.toarray())
+    assert list(blocked.adata.obs["cell_type"]) == list(whole.adata.obs["cell_type"])
+
+
+def test_row_blocks_cover_every_row_once_within_the_value_budget():
+    from cellpath.references.readers import _row_blocks
+
+    indptr = np.cumsum([0, 2, 0, 5, 1, 1, 3])  # 6 rows, one of them longer than the budget
+    blocks = _row_blocks(indptr, 3)
+    assert blocks == [(0, 2), (2, 3), (3, 5), (5, 6)]
+    assert all(indptr[stop] - indptr[start] <= 3 or stop == start + 1 for start, stop in blocks)
+
+
+def test_fractional_values_in_later_blocks_are_all_counted(tmp_path, monkeypatch):
+    from cellpath.references import readers
+
+    counts = COUNTS.astype(np.float32)
+    counts[3, 0] = 1.5  # the last row: a later block than the first
+    counts[3, 3] = 0.25
+    path = tmp_path / "late.h5ad"
+    var = pd.DataFrame({"feature_name": GENES}, index=IDS)
+    adata = ad.AnnData(X=sparse.csr_matrix(counts), var=var,
+                       obs=pd.DataFrame({"cell_type": ["CD4 T cell"] * 4}, index=BARCODES))
+    adata.write_h5ad(path)
+    monkeypatch.setattr(readers, "H5AD_BLOCK_VALUES", 2)
+    with pytest.raises(InputError, match=r"late.h5ad: counts in late.h5ad are not raw counts: 2 of 8 non-zero values "
+                                         r"are not whole numbers \(e.g. 1.5; max 9\).*--counts"):
+        build_reference(_entry("cellxgene-h5ad", labels_from="obs", label_column="cell_type"), [path],
+                        BuildOptions())
+
+
 def test_duplicate_symbols_are_summed_and_counted(tmp_path):
     path = _cellxgene(tmp_path / "dup.h5ad", symbols=["CD3E", "MS4A1", "COL1A1", "EPCAM", "CD3E"])
     built = build_reference(_entry("cellxgene-h5ad", labels_from="obs", label_column="cell_type"), [path],
