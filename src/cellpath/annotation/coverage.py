@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import binomtest
-from sklearn.decomposition import PCA
 from sklearn.neighbors import NearestNeighbors
+from sklearn.utils.extmath import svd_flip
 
 #: principal components of the section the smoothing neighbours are searched in
 PCA_COMPONENTS = 30
+PCA_BLOCK_ROWS = 8_192  # cells per float64 block of the section's PCA (330 MB at 5,000 genes)
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,36 @@ def neighbourhood_similarity(query: np.ndarray, centroids: np.ndarray, scored: n
     n_cells, n_genes = query.shape
     k = min(n_neighbours, n_cells)
     if k > 1:
-        components = min(PCA_COMPONENTS, n_genes, n_cells - 1)
-        space = PCA(components, svd_solver="covariance_eigh").fit_transform(query.astype(np.float64))
+        space = section_pca(query, min(PCA_COMPONENTS, n_genes, n_cells - 1))
         neighbours = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(space).kneighbors(
             space[scored], return_distance=False)
         smoothed = query[neighbours].mean(axis=1)
     else:
         smoothed = query[scored]
     return best_correlation(smoothed, centroids)
+
+
+def section_pca(query: np.ndarray, components: int, block_rows: int = PCA_BLOCK_ROWS) -> np.ndarray:
+    """The cells' coordinates (float64) on the top ``components`` principal axes of ``query``
+    (cells × genes), as scikit-learn's ``PCA(svd_solver="covariance_eigh").fit_transform`` gives them
+    — the covariance's eigenvectors, signs by the same rule — but with the covariance accumulated and
+    the projection computed ``block_rows`` rows at a time in float64: scikit-learn needs the whole
+    matrix in float64 (11 GB for 283,000 cells × 5,000 genes), this one block."""
+    n_cells = len(query)
+    gram = np.zeros((query.shape[1],) * 2)
+    total = np.zeros(query.shape[1])
+    for start in range(0, n_cells, block_rows):
+        block = query[start:start + block_rows].astype(np.float64)
+        gram += block.T @ block
+        total += block.sum(axis=0)
+    mean = total / n_cells
+    covariance = (gram - n_cells * np.outer(mean, mean)) / (n_cells - 1)
+    _, vectors = np.linalg.eigh(covariance)
+    axes = vectors[:, ::-1][:, :components].T
+    _, axes = svd_flip(None, axes, u_based_decision=False)
+    offset = mean @ axes.T
+    return np.concatenate([query[start:start + block_rows].astype(np.float64) @ axes.T - offset
+                           for start in range(0, n_cells, block_rows)]) if n_cells else np.zeros((0, components))
 
 
 def coverage(similarity: np.ndarray, min_similarity: float) -> Coverage:

@@ -232,7 +232,11 @@ class GeneScaler:
         return cls(logged.mean(axis=0), np.where(sd > 1e-6, sd, 1.0))
 
     def transform(self, logged: np.ndarray) -> np.ndarray:
-        return np.clip((logged - self.mean) / self.sd, -10.0, 10.0).astype(np.float32)
+        """z-scores clipped to ±10, float32, computed in one buffer beside ``logged`` (a section's
+        cells × genes is 5.7 GB at 283,000 × 5,000)."""
+        scaled = np.subtract(logged, self.mean, dtype=np.float32)
+        scaled /= self.sd
+        return np.clip(scaled, -10.0, 10.0, out=scaled)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import pearsonr
 
 from cellpath.annotation.coverage import (best_correlation, coverage, neighbourhood_similarity, scored_cells,
-                                          type_centroids)
+                                          section_pca, type_centroids)
 from cellpath.annotation.ontology import map_reference_labels
 from cellpath.stages.annotate import run as run_annotate
 from helpers.files import rewrite_reference
@@ -48,6 +48,20 @@ def test_one_neighbour_is_no_smoothing_and_fifteen_average_the_nearest():
     alone = best_correlation(query, centroids)
     smoothed = neighbourhood_similarity(query, centroids, everyone, n_neighbours=15)
     assert np.median(smoothed) > np.median(alone) + 0.2  # averaging same-type neighbours removes the noise
+
+
+@pytest.mark.parametrize("block_rows", [7, 1_000, 5_000])
+def test_section_pca_in_blocks_is_scikit_learns_covariance_eigh(block_rows):
+    """Coordinates equal scikit-learn's PCA on the whole float64 matrix (signs included) to 1e-12 of
+    their scale, whatever the block size; so the neighbours found in them are the same."""
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(3)
+    query = (rng.standard_normal((3_000, 120)) @ rng.standard_normal((120, 120))).astype(np.float32)
+    expected = PCA(30, svd_solver="covariance_eigh").fit_transform(query.astype(np.float64))
+    got = section_pca(query, 30, block_rows)
+    assert got.shape == (3_000, 30) and got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
 
 
 def test_a_type_the_reference_lacks_is_unmatched_and_the_rest_is_not():
