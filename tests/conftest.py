@@ -15,17 +15,24 @@ from helpers.project import tiny_params  # noqa: E402
 native_parquet.install()  # as every cellpath command does (docs/decisions/0033)
 
 
-# Fixtures that run the pipeline once per session: under pytest-xdist (`make test` runs two workers)
-# every test that uses one is sent to the same worker, so that each is built once.
-ONE_WORKER_FIXTURES = ("tiny_dvc_run", "tiny_features")
+# Under pytest-xdist (`make test` runs two workers; docs/decisions/0042): every test that uses
+# `tiny_features` goes to one worker, so that it is built once. `tiny_dvc_run` (the tiny project's
+# `dvc repro`) is built once for the whole run, by the first worker that asks, and read by both; its
+# tests are spread over the workers a module at a time, so that a module's servers (SLURM, sshd)
+# start once.
+ONE_WORKER_FIXTURES = ("tiny_features",)
+SHARED_RUN_FIXTURE = "tiny_dvc_run"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        shared = [name for name in ONE_WORKER_FIXTURES if name in getattr(item, "fixturenames", ())]
+        names = getattr(item, "fixturenames", ())
+        shared = [name for name in ONE_WORKER_FIXTURES if name in names]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif SHARED_RUN_FIXTURE in names:
+            item.add_marker(pytest.mark.xdist_group(f"{SHARED_RUN_FIXTURE}:{item.module.__name__}"))
 
 
 @pytest.fixture
@@ -76,9 +83,11 @@ def tiny_features(tiny_panel, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_dvc_run(tmp_path_factory) -> dict:
+def tiny_dvc_run(tmp_path_factory, worker_id) -> dict:
     """A tiny DVC project and one completed `dvc repro` of it, shared by the tests that run DVC itself
-    (they copy it before changing anything)."""
-    from helpers.dvc_project import run_tiny_project
+    (they copy it before changing anything), built once per pytest run: in its temporary folder, the
+    one above the xdist workers' own."""
+    from helpers.dvc_project import shared_tiny_project
 
-    return run_tiny_project(tmp_path_factory.mktemp("tiny-dvc"))
+    run_root = tmp_path_factory.getbasetemp()
+    return shared_tiny_project((run_root if worker_id == "master" else run_root.parent) / "tiny-dvc")

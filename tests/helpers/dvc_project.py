@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -75,6 +76,24 @@ def run_tiny_project(root: Path) -> dict:
     completed = root / "completed"
     shutil.copytree(pristine, completed)
     return {"pristine": pristine, "completed": completed, "log": run(["dvc", "repro"], completed)}
+
+
+def shared_tiny_project(root: Path) -> dict:
+    """:func:`run_tiny_project` at ``root`` once for every process that asks: under a file lock the
+    first builds it and records it (``root/run.json``), the others wait and read the record. Its users
+    copy it before changing anything, so the two test workers may read it at once."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    record = root / "run.json"
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if record.is_file():
+            data = json.loads(record.read_text())
+            return {"pristine": Path(data["pristine"]), "completed": Path(data["completed"]), "log": data["log"]}
+        if root.exists():  # a build that failed in another worker
+            shutil.rmtree(root)
+        built = run_tiny_project(root)
+        record.write_text(json.dumps({key: str(value) for key, value in built.items()}))
+        return built
 
 
 def cached_files(project: Path) -> dict[Path, Path]:
