@@ -27,6 +27,7 @@ from sklearn.utils.extmath import svd_flip
 #: principal components of the section the smoothing neighbours are searched in
 PCA_COMPONENTS = 30
 PCA_BLOCK_ROWS = 8_192  # cells per float64 block of the section's PCA (330 MB at 5,000 genes)
+SMOOTHING_BLOCK_ROWS = 1_024  # scored cells whose neighbours' profiles are gathered at once (300 MB at 15 × 5,000)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def neighbourhood_similarity(query: np.ndarray, centroids: np.ndarray, scored: n
         space = section_pca(query, min(PCA_COMPONENTS, n_genes, n_cells - 1))
         neighbours = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(space).kneighbors(
             space[scored], return_distance=False)
-        smoothed = query[neighbours].mean(axis=1)
+        smoothed = np.concatenate([query[rows].mean(axis=1) for rows in np.array_split(
+            neighbours, max(1, -(-len(neighbours) // SMOOTHING_BLOCK_ROWS)))])  # per cell: blocks change no value
     else:
         smoothed = query[scored]
     return best_correlation(smoothed, centroids)

@@ -32,6 +32,10 @@ from cellpath.errors import InputError
 log = logging.getLogger(__name__)
 
 UNCERTAIN = "Uncertain cell"
+#: cells per block of a section's normalisation, z-scoring and prediction: scikit-learn's product with
+#: the float64 coefficients would otherwise hold a float64 copy of the whole section (11 GB at
+#: 283,000 cells × 5,000 genes)
+SECTION_BLOCK_ROWS = 16_384
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,7 @@ def fit_transfer(reference: Reference, panel_genes: tuple[str, ...], *, regulari
     logged = log_normalise(reference.counts[:, [ref_index[g] for g in shared]])
     scaler = GeneScaler.fit(logged)
     scaled, labels = scaler.transform(logged), reference.labels.astype(str)
+    del logged
     classifier = LogisticRegression(C=regularisation_c, class_weight="balanced", max_iter=2000, tol=1e-4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lbfgs convergence chatter on tiny references
@@ -282,7 +287,12 @@ def reference_space(model: TransferModel, counts: sparse.spmatrix, panel_genes: 
     """A section's cells (``counts``: cells × ``panel_genes``) log-normalised on the model's genes and
     z-scored with the reference's per-gene mean and SD (cells × model genes, float32)."""
     index = {g: i for i, g in enumerate(panel_genes)}
-    return model.scaler.transform(log_normalise(sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]]))
+    counts = sparse.csr_matrix(counts)[:, [index[g] for g in model.genes]]
+    projected = np.empty(counts.shape, dtype=np.float32)
+    for start in range(0, counts.shape[0], SECTION_BLOCK_ROWS):  # every step is per cell: blocks change no value
+        stop = start + SECTION_BLOCK_ROWS
+        projected[start:stop] = model.scaler.transform(log_normalise(counts[start:stop]))
+    return projected
 
 
 @dataclass(frozen=True)
@@ -296,7 +306,9 @@ class Transferred:
 
 def transfer_labels(model: TransferModel, projected: np.ndarray, confidence_threshold: float) -> Transferred:
     """Predict every cell of a section (``projected``: its :func:`reference_space` profiles)."""
-    probabilities = model.classifier.predict_proba(projected)
+    probabilities = np.concatenate([model.classifier.predict_proba(projected[start:start + SECTION_BLOCK_ROWS])
+                                    for start in range(0, len(projected), SECTION_BLOCK_ROWS)]
+                                   or [np.zeros((0, len(model.classes)))])
     best = probabilities.argmax(axis=1)
     predicted = model.classes[best].astype(object)
     confidence = probabilities[np.arange(len(best)), best]

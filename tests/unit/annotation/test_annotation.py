@@ -114,6 +114,28 @@ def test_transfer_recovers_known_types_across_a_platform_bias():
     assert result.confidence.min() >= 0 and result.confidence.max() <= 1
 
 
+def test_a_section_projected_and_predicted_in_blocks_equals_it_whole(monkeypatch):
+    """Blocks of 7 cells (the last one short) give every projected value and probability bit for bit,
+    and the coverage smoothing in blocks of 5 scored cells the same similarities."""
+    from cellpath.annotation import coverage, transfer
+
+    rng = np.random.default_rng(4)
+    model = _toy_model(rng)
+    query, _ = _draw(TOY_TYPES, 50, rng, depth=120)
+    whole_space = reference_space(model, query, GENES)
+    whole = transfer_labels(model, whole_space, confidence_threshold=0.4)
+    scored = np.arange(0, 150, 2)
+    whole_similarity = coverage.neighbourhood_similarity(whole_space, model.centroids, scored, n_neighbours=15)
+    monkeypatch.setattr(transfer, "SECTION_BLOCK_ROWS", 7)
+    monkeypatch.setattr(coverage, "SMOOTHING_BLOCK_ROWS", 5)
+    blocked_space = reference_space(model, query, GENES)
+    blocked = transfer_labels(model, blocked_space, confidence_threshold=0.4)
+    assert np.array_equal(blocked_space, whole_space) and blocked_space.dtype == np.float32
+    assert np.array_equal(blocked.confidence, whole.confidence) and list(blocked.label) == list(whole.label)
+    assert np.array_equal(coverage.neighbourhood_similarity(blocked_space, model.centroids, scored, n_neighbours=15),
+                          whole_similarity)
+
+
 def test_ambiguous_cells_become_uncertain():
     rng = np.random.default_rng(1)
     model = _toy_model(rng)
