@@ -22,7 +22,8 @@ from cellpath.io.layout import DEFAULT_REPORTS_DIR, panels_csv, probe_runs_parqu
 from cellpath.planning.disk import disk_plan, folder_raw_bytes, manifest_raw_bytes, project_cache_type
 from cellpath.planning.paper import paper_comparison, paper_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
-                                        patch_cache_bytes, probe_counts, probe_workload, robustness_workload)
+                                        patch_cache_bytes, probe_counts, probe_workload, robustness_workload,
+                                        staged_sections)
 from cellpath.probing.fit import probe_budget_mb
 from cellpath.runtime.costs import COSTS_PATH, Iterations, load_costs, pilot_iterations
 from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
@@ -104,15 +105,17 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
     if preset == "paper" and len(encoders) == len(configured):
         probe["paper"] = paper_comparison({p: row["runs"] for p, row in probe["protocols"].items()},
                                           probe["total"]["runs"])
+    staged = staged_sections(params, data_dir, preset)
     work = Workload(
-        extract=extract_jobs(encoders, features),
+        extract=extract_jobs(encoders, features, sections, magnifications),
         probe_shapes=probe_workload(params, encoders, params.stage_magnifications(params.probe.magnifications),
                                     panel, evaluated),
         robustness_units=robustness_workload(params, encoders, panel),
         n_panel_cells=panel["evaluated_cells"] or int(sum(s["cells"] for s in panel["sections"])),
         probe_budget_mb=probe_budget_mb(params.probe.batch_memory_mb, worker_memory),
         c_grid_size=len(params.probe.c_grid),
-        full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors)
+        full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors,
+        section_cells=staged["cells"])
     estimates = stage_estimates(model, work, iterations)
     raw = raw_bytes(params, data_dir, preset, [s["section_id"] for s in sections])
     patch_bytes = patch_cache_bytes(encoders, features) if params.extract.patch_cache else 0
@@ -122,6 +125,8 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
             "panel": {**panel, "sections": len(panel["sections"]),
                       "organs": len({s["organ"] for s in panel["sections"]}),
                       "cells": int(sum(s["cells"] for s in panel["sections"]))},
+            "staged_sections": {"sections": len(staged["cells"]), "cells": int(sum(staged["cells"])),
+                                "largest": max(staged["cells"], default=0), "source": staged["source"]},
             "encoders": len(encoders), "magnifications": magnifications, "features": features,
             "patch_cache_bytes": patch_bytes,
             "disk": disk_plan(sum(row["bytes"] for row in features), patch_bytes, raw, model.storage,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cellpath.runtime.planning import DEVICES, STAGES
+from cellpath.runtime.planning import DEVICES, GPU_STAGES, STAGES
 
 
 def _number(value: int | None) -> str:
@@ -30,7 +30,8 @@ def _features(plan: dict) -> list[str]:
              f"{plan['hardware']['gpus']} GPUs",
              f"panel {panel['name']}: {panel['sections']} sections, {panel['organs']} organs, {panel['cells']:,} cells"
              + (f" ({panel['evaluated_cells']:,} evaluated)" if panel["evaluated_cells"] else "")
-             + f"  [{panel['source']}]", "",
+             + f"  [{panel['source']}]",
+             _staged_line(plan["staged_sections"]), "",
              f"{'encoder':<24}{'mag':>5}{'sections':>10}{'cells':>13}{'patches':>12}{'features':>12}  source"]
     for row in plan["features"]:
         lines.append(f"{row['encoder']:<24}{row['magnification']:>5}{row['sections']:>10}{row['cells']:>13,}"
@@ -39,6 +40,12 @@ def _features(plan: dict) -> list[str]:
     return lines + [f"{'all':<24}{'':>5}{'':>10}{'':>13}{'':>12}{_bytes(total_bytes):>12}",
                     f"shared patch store (data/.work/patches, one copy per magnification and input size): "
                     f"{_bytes(plan['patch_cache_bytes']) if plan['patch_cache_bytes'] else 'off'}"]
+
+
+def _staged_line(staged: dict) -> str:
+    """The sections ingest, annotate and concordance read: how many, their cells, the largest."""
+    return (f"ingest, annotate, concordance: {staged['sections']} sections, {staged['cells']:,} cells (largest "
+            f"{staged['largest']:,})  [{staged['source']}]")
 
 
 def _hours(seconds: float) -> str:
@@ -126,7 +133,7 @@ def _costs(plan: dict) -> list[str]:
              f"{'stage':<12}{'device':>7}{'units':>16}{'core-hours':>13}{'GPU-hours':>11}{'largest task':>14}"
              f"{'disk':>11}"]
     lines += [_estimate_line(stage, device, [e for e in estimates if e["stage"] == stage and e["device"] == device])
-              for stage in STAGES for device in DEVICES]
+              for stage in STAGES for device in (DEVICES if stage in GPU_STAGES else ("cpu",))]
     sources = sorted({e["source"] for e in estimates if e["stage"] != "extract"}
                      | {e["source"].split("; ", 1)[1] for e in estimates if e["stage"] == "extract"})
     return lines + [f"  source: {source}" for source in sources]

@@ -25,6 +25,7 @@ from cellpath.probing.fit import design_row_bytes, state_row_bytes
 from cellpath.probing.plan import count_runs, plan_runs, split_sizes
 from cellpath.runtime.costs import ExtractCosts, extract_patches, feature_bytes, parameter_count
 from cellpath.runtime.planning import ExtractJob
+from cellpath.sources.tenx import read_manifest, select_sections
 from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATION_MPP
 
 
@@ -47,6 +48,23 @@ def panel_summary(params: Params, data_dir: Path, preset: str, evaluated: pd.Dat
             for s in sections]
     return {"name": params.panel, "sections": rows, "evaluated_cells": None,
             "source": "params.yaml synthetic.sections (no data yet: every configured section, not the panel)"}
+
+
+def staged_sections(params: Params, data_dir: Path, preset: str) -> dict:
+    """Cells of every section ingest, annotate and concordance run on (all the fetched sections, not
+    the panel alone: concordance ranks them all), and where the counts came from: the ingested
+    section table, else the 10x manifest's rows ``tenx.sections`` selects (the paper's: every row with
+    a download), else the simulated sections of the params."""
+    if preset == "current" and section_index_csv(data_dir).is_file():
+        cells = pd.read_csv(section_index_csv(data_dir))["n_cells"].astype(int).tolist()
+        return {"cells": cells, "source": f"{section_index_csv(data_dir)} (ingested)"}
+    if params.source == "10x":
+        manifest = params.tenx.manifest
+        chosen = select_sections(read_manifest(manifest), list(params.tenx.sections), manifest)
+        return {"cells": [s.cells for s in chosen], "source": f"{manifest} (the cells column of "
+                + ("every row with a download)" if not params.tenx.sections else "the rows tenx.sections lists)")}
+    cells = [s.n_cells or params.synthetic.cells_per_section for s in params.synthetic.sections]
+    return {"cells": cells, "source": "params.yaml synthetic.sections"}
 
 
 def extracted_sections(data_dir: Path) -> list[dict]:
@@ -110,19 +128,22 @@ def patch_cache_bytes(encoders: list[EncoderSpec], features: list[dict]) -> int:
     return sum(n * size * size * 3 for (_, size), n in shared.items())
 
 
-def extract_jobs(encoders: list[EncoderSpec], features: list[dict]) -> list[ExtractJob]:
-    """The extractions the cost model can price: weight-free controls have no ViT cost, and unknown
-    patch counts are not guessed."""
+def extract_jobs(encoders: list[EncoderSpec], features: list[dict], sections: list[dict],
+                 magnifications: list[str]) -> list[ExtractJob]:
+    """The extractions the cost model can price: ViTs with a parameter count (the pretrained models and
+    the randomly initialised ViT control; weight-free controls have no ViT cost), each reading every
+    section at every magnification; unknown patch counts are not guessed."""
     jobs = []
     for spec in encoders:
         parameters = parameter_count(spec.params)
         patches = [r["patches"] for r in features if r["encoder"] == spec.slug]
-        if spec.type == "control" or not parameters or None in patches:
+        if not parameters or None in patches:
             continue
         jobs.append(ExtractJob(encoder=spec.slug, parameters=parameters, input_size=spec.input_size,
                                patch_size=spec.patch_size, prefix_tokens=spec.num_prefix_tokens, patches=sum(patches),
                                disk_bytes=sum(r["bytes"] for r in features if r["encoder"] == spec.slug),
-                               precision=spec.precision))
+                               precision=spec.precision,
+                               section_cells=tuple(s["cells"] for s in sections for _ in magnifications)))
     return jobs
 
 

@@ -122,10 +122,32 @@ class ExtractCosts:
 
 
 @dataclass(frozen=True)
+class SectionCosts:
+    """A stage that runs once per section, as lines in the section's cells: seconds
+    ``seconds_base + seconds_per_cell · cells`` and peak RSS ``heap_base_bytes + heap_bytes_per_cell
+    · cells`` of its process, fitted by least squares on sections of the sizes in ``cells``. For
+    ``extract``: one encoder at one magnification less its forward pass (:func:`extract_seconds`),
+    i.e. reading the H&E, placing the cells, pooling and writing."""
+
+    seconds_base: float
+    seconds_per_cell: float
+    heap_base_bytes: float
+    heap_bytes_per_cell: float
+    cells: tuple[int, ...]
+    cores: int
+    source: str
+
+
+#: The stages :class:`SectionCosts` price, in pipeline order.
+SECTION_STAGES = ("ingest", "annotate", "concordance", "extract")
+
+
+@dataclass(frozen=True)
 class DeviceCosts:
     probe: ProbeCosts | None = None
     robustness: RobustnessCosts | None = None
     extract: ExtractCosts | None = None
+    sections: dict[str, SectionCosts] | None = None  # stage → its per-section costs
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,10 @@ def load_costs(path: Path = COSTS_PATH) -> CostModel:
                 probe=None if probe is None else ProbeCosts(**{**probe, "iterations": iterations_from(
                     probe["iterations"])}),
                 robustness=None if parts.get("robustness") is None else RobustnessCosts(**parts["robustness"]),
-                extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]))
+                extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]),
+                sections=None if parts.get("sections") is None else {
+                    stage: SectionCosts(**{**entry, "cells": tuple(entry["cells"])})
+                    for stage, entry in parts["sections"].items()})
         storage = raw.get("storage")
         return CostModel(machine=raw["machine"], devices=devices,
                          storage=None if storage is None else StorageCosts(**storage))
@@ -185,10 +210,14 @@ def iterations_from(data: dict) -> Iterations:
 
 
 def _device_dict(costs: DeviceCosts) -> dict:
-    """A device's costs as JSON: an optional field left unset (None) is not written."""
-    return {name: None if part is None else {key: value for key, value in asdict(part).items()
-                                             if value is not None or key not in _OPTIONAL}
-            for name, part in ((f.name, getattr(costs, f.name)) for f in fields(DeviceCosts))}
+    """A device's costs as JSON: an optional field left unset (None) is not written, nor ``sections``
+    where it was never measured."""
+    out = {name: None if part is None else {key: value for key, value in asdict(part).items()
+                                            if value is not None or key not in _OPTIONAL}
+           for name, part in ((f.name, getattr(costs, f.name)) for f in fields(DeviceCosts) if f.name != "sections")}
+    if costs.sections is not None:
+        out["sections"] = {stage: {**asdict(entry), "cells": list(entry.cells)} for stage, entry in costs.sections.items()}
+    return out
 
 
 def save_costs(model: CostModel, path: Path = COSTS_PATH) -> None:
@@ -316,6 +345,43 @@ def extract_seconds(costs: ExtractCosts, patches: float, gflop_per_patch: float,
 def feature_bytes(n_cells: int, width: int, n_readouts: int) -> int:
     """Bytes of the float16 feature store: cells × width × stored readouts (Nuc, Mean and Cls when present)."""
     return int(n_cells) * int(width) * int(n_readouts) * FEATURE_BYTES
+
+
+# --- per-section stages ----------------------------------------------------------------------------------------
+
+def section_seconds(costs: SectionCosts, n_cells: int) -> float:
+    """Seconds of one section of ``n_cells`` cells through the stage."""
+    return costs.seconds_base + costs.seconds_per_cell * n_cells
+
+
+def section_heap_bytes(costs: SectionCosts, n_cells: int) -> float:
+    """Peak RSS (bytes) of the stage's process on one section of ``n_cells`` cells."""
+    return costs.heap_base_bytes + costs.heap_bytes_per_cell * n_cells
+
+
+def fit_section_costs(cells: list[int], seconds: list[float], peak_bytes: list[float], *, cores: int,
+                      source: str) -> SectionCosts:
+    """The least-squares lines of seconds and peak bytes in cells over measured sections (two sizes
+    at least); a negative slope or intercept, which no stage has, is refused."""
+    if len(set(cells)) < 2:
+        raise ConfigError(f"{source}: a per-section cost needs sections of two sizes at least (got {sorted(set(cells))})")
+    lines = []
+    for values in (seconds, peak_bytes):
+        slope, intercept = _least_squares(cells, values)
+        if slope < 0 or intercept < 0:
+            raise ConfigError(f"{source}: measured {values} at {cells} cells fit a line of slope {slope:.3g} and "
+                              f"intercept {intercept:.3g}; a stage's cost does not fall with more cells: rerun the "
+                              "measurement on a quiet machine")
+        lines.append((intercept, slope))
+    return SectionCosts(seconds_base=lines[0][0], seconds_per_cell=lines[0][1], heap_base_bytes=lines[1][0],
+                        heap_bytes_per_cell=lines[1][1], cells=tuple(sorted(cells)), cores=cores, source=source)
+
+
+def _least_squares(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Slope and intercept of y on x."""
+    mean_x, mean_y = statistics.fmean(x), statistics.fmean(y)
+    slope = (sum((a - mean_x) * (b - mean_y) for a, b in zip(x, y)) / sum((a - mean_x) ** 2 for a in x))
+    return slope, mean_y - slope * mean_x
 
 
 # --- workers ----------------------------------------------------------------------------------------------------

@@ -9,13 +9,16 @@ the calibration machine, bytes, core-hours. A device without measured costs gets
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from cellpath.runtime.costs import (CostModel, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
+from cellpath.runtime.costs import (CostModel, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts, SectionCosts,
                                     extract_seconds, patch_gflop, probe_fit_seconds, probe_heap_bytes,
-                                    robustness_heap_bytes, robustness_seconds, workers_needed)
+                                    robustness_heap_bytes, robustness_seconds, section_heap_bytes, section_seconds,
+                                    workers_needed)
 
-STAGES = ("extract", "probe", "robustness")
+STAGES = ("ingest", "annotate", "concordance", "extract", "probe", "robustness")
+PER_SECTION_STAGES = ("ingest", "annotate", "concordance")  # priced by SectionCosts alone; CPU stages
+GPU_STAGES = ("extract", "probe", "robustness")  # the stages a GPU runs
 DEVICES = ("cpu", "cuda")
 EXTRACT_WORKING_BYTES = 2e9  # an extraction worker beyond the fp32 weights: batches, read-ahead (not measured)
 
@@ -33,6 +36,7 @@ class ExtractJob:
     patches: int
     disk_bytes: int
     precision: str = "fp32"  # the registry's autocast precision on a GPU (a CPU runs fp32)
+    section_cells: tuple[int, ...] = ()  # cells of each (section, magnification) it reads
 
 
 @dataclass(frozen=True)
@@ -50,17 +54,34 @@ class Workload:
     c_grid_size: int
     full_max_cells: int
     anchors: int
+    section_cells: list[int] = field(default_factory=list)  # cells of every section ingest, annotate, concordance read
 
 
-def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob) -> dict:
-    """One encoder's extraction: forward-pass seconds from its GFLOP per patch, its fp32 weights plus
-    the working set as peak memory, its features as disk."""
+def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob, reading: SectionCosts | None = None) -> dict:
+    """One encoder's extraction: forward-pass seconds from its GFLOP per patch, plus — where measured
+    (``reading``) — the work around it per section and magnification (reading the H&E, placing the
+    cells, pooling, writing); peak memory: its fp32 weights plus the largest section's measured heap
+    (else a working set not measured); its features as disk."""
     gflop = patch_gflop(job.parameters, job.input_size, job.patch_size, job.prefix_tokens)
     seconds = extract_seconds(costs, job.patches, gflop, job.precision, job.input_size)
+    working = EXTRACT_WORKING_BYTES
+    source = f"{gflop:.1f} GFLOP per patch; {costs.source}"
+    if reading is not None and job.section_cells:
+        seconds += sum(section_seconds(reading, cells) for cells in job.section_cells)
+        working = max(section_heap_bytes(reading, cells) for cells in job.section_cells)
+        source += f"; reading, placing and writing per section: {reading.source}"
     return {"stage": "extract", "what": job.encoder, "device": device, "units": job.patches, "unit": "patch",
             "seconds": seconds, "core_seconds": seconds * costs.cores,
-            "peak_memory_bytes": job.parameters * 4 + EXTRACT_WORKING_BYTES, "disk_bytes": job.disk_bytes,
-            "source": f"{gflop:.1f} GFLOP per patch; {costs.source}"}
+            "peak_memory_bytes": job.parameters * 4 + working, "disk_bytes": job.disk_bytes, "source": source}
+
+
+def section_estimate(costs: SectionCosts, device: str, stage: str, section_cells: list[int]) -> dict:
+    """A per-section stage over every section: the sum of their seconds, the largest one's peak RSS."""
+    seconds = sum(section_seconds(costs, cells) for cells in section_cells)
+    return {"stage": stage, "what": "every section", "device": device, "units": len(section_cells),
+            "unit": "section", "seconds": seconds, "core_seconds": seconds * costs.cores,
+            "peak_memory_bytes": section_heap_bytes(costs, max(section_cells)), "disk_bytes": None,
+            "source": costs.source}
 
 
 def probe_estimate(costs: ProbeCosts, device: str, work: Workload, iterations: Iterations | None = None) -> dict:
@@ -104,8 +125,12 @@ def stage_estimates(model: CostModel, work: Workload, iterations: Iterations | N
     out = []
     for device in sorted(model.devices):
         costs = model.costs(device)
+        sections = costs.sections or {}
+        if work.section_cells:
+            out += [section_estimate(sections[stage], device, stage, work.section_cells)
+                    for stage in PER_SECTION_STAGES if stage in sections]
         if costs.extract is not None:
-            out += [extract_estimate(costs.extract, device, job) for job in work.extract]
+            out += [extract_estimate(costs.extract, device, job, sections.get("extract")) for job in work.extract]
         if costs.probe is not None and work.probe_shapes:
             out.append(probe_estimate(costs.probe, device, work, iterations))
         if costs.robustness is not None and work.robustness_units:
@@ -114,8 +139,10 @@ def stage_estimates(model: CostModel, work: Workload, iterations: Iterations | N
 
 
 def not_estimated(estimates: list[dict]) -> dict[str, list[str]]:
-    """Per stage, the devices without an estimate (not measured, so not guessed)."""
-    return {stage: [d for d in DEVICES if not any(e["stage"] == stage and e["device"] == d for e in estimates)]
+    """Per stage, the devices without an estimate (not measured, so not guessed); the per-section
+    stages run on CPUs only."""
+    return {stage: [d for d in (DEVICES if stage in GPU_STAGES else ("cpu",))
+                    if not any(e["stage"] == stage and e["device"] == d for e in estimates)]
             for stage in STAGES}
 
 
@@ -146,11 +173,11 @@ def week_summary(estimates: list[dict], worker_cores: int, worker_memory_bytes: 
 
 
 def gpu_node_summary(estimates: list[dict], node_gpus: int) -> dict:
-    """Per stage priced on ``cuda``: GPU-hours, and the days one node of ``node_gpus`` GPUs takes for
+    """Per GPU stage priced on ``cuda``: GPU-hours, and the days one node of ``node_gpus`` GPUs takes for
     them (GPU-hours / node_gpus / 24: ideal packing, so a lower bound); in all over those stages, with
     the stages that have no ``cuda`` cost and the cost model's sources of the figures."""
     rows = []
-    for stage in STAGES:
+    for stage in GPU_STAGES:
         parts = [e for e in estimates if e["stage"] == stage and e["device"] == "cuda"]
         if parts:
             hours = sum(e["seconds"] for e in parts) / 3600
@@ -159,7 +186,7 @@ def gpu_node_summary(estimates: list[dict], node_gpus: int) -> dict:
                          "sources": sorted(sources)})
     hours = sum(row["gpu_hours"] for row in rows)
     return {"node_gpus": node_gpus, "stages": rows, "gpu_hours": hours, "days": hours / node_gpus / 24,
-            "not_measured": [stage for stage in STAGES if stage not in {row["stage"] for row in rows}]}
+            "not_measured": [stage for stage in GPU_STAGES if stage not in {row["stage"] for row in rows}]}
 
 
 def this_machine() -> dict:

@@ -18,7 +18,7 @@ from cellpath.features.readouts import readout_available, readout_width
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3, paper_params
 from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
-                                    StorageCosts, load_costs, save_costs)
+                                    SectionCosts, StorageCosts, load_costs, parameter_count, patch_gflop, save_costs)
 from helpers.project import PROJECT_ROOT
 
 
@@ -49,7 +49,10 @@ def costs(tmp_path):
         robustness=RobustnessCosts(seconds_per_pair_full=1e-10, seconds_per_pair_anchor=1e-10, heap_base_bytes=0,
                                    heap_bytes_per_query_feature=8, heap_bytes_per_cell=100, cores=2, source="test robustness"),
         extract=ExtractCosts(seconds_per_gflop=0.01, patches_per_cell_224={"40x": 0.06, "20x": 0.015, "10x": 0.00375},
-                             cores=2, source="test extract"))})
+                             cores=2, source="test extract"),
+        sections={stage: SectionCosts(seconds_base=base, seconds_per_cell=1e-4, heap_base_bytes=1e9,
+                                      heap_bytes_per_cell=1e4, cells=(10_000, 40_000), cores=1, source=f"test {stage}")
+                  for stage, base in (("ingest", 1.0), ("annotate", 2.0), ("concordance", 3.0), ("extract", 4.0))})})
     path = tmp_path / "costs.json"
     save_costs(model, path)
     return path
@@ -74,7 +77,23 @@ def test_paper_preset_derives_table_3_and_prices_every_stage_without_data(at_roo
     # per-pass cost only: seconds = 1 ns × Σ runs × (width + 1) × cells of the split (≤ the panel each)
     assert 0 < by_stage["probe"]["seconds"] < 1e-9 * PAPER_RUNS * (2 * 1_536 + 1) * 7_079_283
     assert by_stage["probe"]["core_seconds_range"][0] == by_stage["probe"]["seconds"]  # no per-iteration cost
-    assert plan["not_estimated"] == {"extract": ["cuda"], "probe": ["cuda"], "robustness": ["cuda"]}
+    assert plan["not_estimated"] == {"ingest": [], "annotate": [], "concordance": [], "extract": ["cuda"],
+                                     "probe": ["cuda"], "robustness": ["cuda"]}
+    # ingest, annotate and concordance: every manifest row with a download (concordance ranks them all)
+    manifest = pd.read_csv("data/manifests/xenium_datasets.csv").dropna(subset=["bundle_url"])
+    assert plan["staged_sections"]["sections"] == len(manifest) == 51
+    for stage, base in (("ingest", 1.0), ("annotate", 2.0), ("concordance", 3.0)):
+        assert by_stage[stage]["units"] == 51
+        assert by_stage[stage]["seconds"] == pytest.approx(51 * base + 1e-4 * manifest["cells"].sum())
+        assert by_stage[stage]["peak_memory_bytes"] == pytest.approx(1e9 + 1e4 * manifest["cells"].max())
+    # extraction: GFLOP, plus its reading, placing and writing per S25 section and magnification
+    spec = load_registry("models/encoders.yaml")["UNI"]
+    vit = next(e for e in plan["estimates"] if e["stage"] == "extract" and e["what"] == spec.slug)
+    s25 = manifest[manifest["panel_s25"] == 1]
+    forward = vit["units"] * patch_gflop(parameter_count(spec.params), spec.input_size, spec.patch_size,
+                                         spec.num_prefix_tokens) * 0.01
+    assert vit["seconds"] == pytest.approx(forward + 3 * (25 * 4.0 + 1e-4 * s25["cells"].sum()))
+    assert vit["peak_memory_bytes"] == pytest.approx(parameter_count(spec.params) * 4 + 1e9 + 1e4 * s25["cells"].max())
     week = plan["week"]
     assert week["worker_cores"] == 8 and week["worker_memory_bytes"] == 64e9
     core_seconds = sum(e["core_seconds"] for e in plan["estimates"])

@@ -9,10 +9,10 @@ import pytest
 
 from cellpath.errors import ConfigError
 from cellpath.runtime.costs import (COSTS_PATH, CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts,
-                                    RobustnessCosts, extract_patches, extract_seconds, feature_bytes, load_costs,
-                                    parameter_count, patch_gflop, pilot_iterations, probe_fit_seconds,
-                                    probe_heap_bytes, robustness_heap_bytes, robustness_seconds, save_costs,
-                                    workers_needed)
+                                    RobustnessCosts, SectionCosts, extract_patches, extract_seconds, feature_bytes,
+                                    fit_section_costs, load_costs, parameter_count, patch_gflop, pilot_iterations,
+                                    probe_fit_seconds, probe_heap_bytes, robustness_heap_bytes, robustness_seconds,
+                                    save_costs, section_heap_bytes, section_seconds, workers_needed)
 from helpers.project import PROJECT_ROOT
 
 PROBE = ProbeCosts(seconds_per_iteration={"in_memory": 1e-9, "streamed": 3e-9},
@@ -111,8 +111,26 @@ def test_workers_for_a_deadline():
     assert workers_needed(8 * week + 1, 8, week) == 2
 
 
+def test_section_lines_are_least_squares_and_a_falling_cost_is_refused():
+    """Three sections on the line 5 s + 1 ms per cell (peak 1 GB + 2 kB per cell) give it back; the
+    estimate at 283,171 cells is read off it; a cost that falls with more cells is refused."""
+    costs = fit_section_costs([10_000, 20_000, 40_000], [15.0, 25.0, 45.0], [1.02e9, 1.04e9, 1.08e9], cores=1,
+                              source="test")
+    assert costs.seconds_base == pytest.approx(5.0) and costs.seconds_per_cell == pytest.approx(1e-3)
+    assert costs.heap_base_bytes == pytest.approx(1e9) and costs.heap_bytes_per_cell == pytest.approx(2e3)
+    assert costs.cells == (10_000, 20_000, 40_000)
+    assert section_seconds(costs, 283_171) == pytest.approx(5.0 + 283.171)
+    assert section_heap_bytes(costs, 283_171) == pytest.approx(1e9 + 2e3 * 283_171)
+    with pytest.raises(ConfigError, match="two sizes at least"):
+        fit_section_costs([10_000, 10_000], [1.0, 2.0], [1.0, 2.0], cores=1, source="test")
+    with pytest.raises(ConfigError, match="does not fall with more cells"):
+        fit_section_costs([10_000, 40_000], [20.0, 10.0], [1e9, 2e9], cores=1, source="test")
+
+
 def test_a_saved_model_loads_back_and_a_broken_one_names_its_file(tmp_path):
-    model = CostModel(machine={"cpus": 2}, devices={"cpu": DeviceCosts(probe=PROBE, robustness=ROBUSTNESS)})
+    sections = {"ingest": SectionCosts(1.0, 1e-4, 1e9, 1e4, (10_000, 40_000), 1, "test")}
+    model = CostModel(machine={"cpus": 2}, devices={"cpu": DeviceCosts(probe=PROBE, robustness=ROBUSTNESS,
+                                                                       sections=sections)})
     path = tmp_path / "costs.json"
     save_costs(model, path)
     assert load_costs(path) == model
