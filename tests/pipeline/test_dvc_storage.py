@@ -52,11 +52,10 @@ def test_every_cached_output_is_a_link_into_the_cache(tiny_dvc_run):
     assert workspace == {(p.stat().st_dev, p.stat().st_ino) for p in files.values()}
 
 
-@pytest.fixture(scope="module")
-def relinked(tiny_dvc_run, tmp_path_factory) -> Path:
-    """A copy of the completed run whose workspace is linked to its own cache again (a copy breaks
-    links); shared by the tests below, each of which leaves it complete and up to date."""
-    work = tmp_path_factory.mktemp("relinked") / "work"
+@pytest.fixture()
+def relinked(tiny_dvc_run, tmp_path) -> Path:
+    """A copy of the completed run whose workspace is linked to its own cache again (a copy breaks links)."""
+    work = tmp_path / "work"
     shutil.copytree(tiny_dvc_run["completed"], work, symlinks=True)
     run(["dvc", "checkout", "--relink"], work)
     assert_linked(work)

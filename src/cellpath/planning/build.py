@@ -74,14 +74,20 @@ def raw_bytes(params: Params, data_dir: Path, preset: str, section_ids: list[str
     return {"bytes": 0, "known_sections": 0, "sections": len(section_ids), "source": "not fetched yet"}
 
 
+def staged_summary(staged: dict) -> dict:
+    """The sections ingest, annotate and concordance read: how many, their cells, the largest, the source."""
+    cells = staged["cells"]
+    return {"sections": len(cells), "cells": int(sum(cells)), "largest": max(cells, default=0),
+            "source": staged["source"]}
+
+
 def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
                deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8,
                reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None) -> dict:
     """The plan: panel, features, probe runs, per-stage estimates, the disk per place and DVC's time on
     the features, the workers to finish within ``deadline_days`` days and the days on one node of
-    ``node_gpus`` GPUs. Workers default to this
-    machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
+    ``node_gpus`` GPUs. Workers default to this machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
     configuration: their extraction and their probe and robustness runs, on the same panel. The
     probe's iterations: :func:`pilot_iterations_for`, else the cost model's."""
     iterations = pilot_iterations_for(params, reports_dir, pilot)  # the project's own sections decide
@@ -125,8 +131,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
             "panel": {**panel, "sections": len(panel["sections"]),
                       "organs": len({s["organ"] for s in panel["sections"]}),
                       "cells": int(sum(s["cells"] for s in panel["sections"]))},
-            "staged_sections": {"sections": len(staged["cells"]), "cells": int(sum(staged["cells"])),
-                                "largest": max(staged["cells"], default=0), "source": staged["source"]},
+            "staged_sections": staged_summary(staged),
             "encoders": len(encoders), "magnifications": magnifications, "features": features,
             "patch_cache_bytes": patch_bytes,
             "disk": disk_plan(sum(row["bytes"] for row in features), patch_bytes, raw, model.storage,
