@@ -2,21 +2,25 @@
 
 The paper's S25 averages 283,171 cells per section (7,079,283 over 25). This writes one simulated
 section of ``--cells`` cells on a ``--genes``-gene panel (5,000: Xenium Prime has 5,001) in 10x's own
-formats, with its registered H&E at the simulator's 0.2738 µm/px, and a CellViT++ ``cells.json``
-of every nucleus with a 32-point contour (from the simulation's true nuclei, PanNuke classes by
-compartment), then runs the pipeline's stages on it as ``dvc repro`` runs them — ``cellpath <stage>``
-in a child process each — in order: fetch (the simulator), ingest, annotate (the simulator's own
-reference of the organ), concordance (reading the CellViT++ file), extract (the ViT-Ti/16 control
-at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS is its own process's
-(``os.wait4``'s rusage), its wall time from start to exit.
+formats, with its registered H&E at the simulator's 0.2738 µm/px; an atlas of 100,000 cells × 30,000
+genes in CELLxGENE's shape (Ensembl var_names, symbols in feature_name, counts in raw.X, normalised
+X) that ``cellpath references build`` turns into the section's reference; and a CellViT++
+``cells.json`` of every nucleus with a 32-point contour (from the simulation's true nuclei, PanNuke
+classes by compartment). It then runs the pipeline's stages on them as ``dvc repro`` runs them —
+``cellpath <stage>`` in a child process each — in order: fetch (the simulator), atlas (written by
+the benchmark), reference (``references build``), ingest, annotate (the built atlas as reference),
+cellvit (written by the benchmark), concordance (reading the CellViT++ file), extract (the ViT-Ti/16
+control at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS is its own
+process's (``os.wait4``'s rusage), its wall time from start to exit; each stage records the commit
+it ran at.
 
 Writes benchmarks/results/real_section.json after every stage (``--stages`` may stop early; a stage
 that fails is recorded with its exit status, and the signal that killed it — SIGKILL from the
-kernel's OOM killer where memory ran out — and the run stops there). ``--workdir`` keeps the data for a rerun of later
-stages (``--stages concordance extract``).
+kernel's OOM killer where memory ran out — and the run stops there). ``--workdir`` keeps the data
+for a rerun of later stages (``--stages concordance extract``).
 
 Usage: python benchmarks/bench_real_section.py [--cells 283171] [--genes 5000] [--workdir DIR]
-       [--stages fetch ingest annotate cellvit concordance extract probe]
+       [--stages fetch atlas reference ingest annotate cellvit concordance extract probe]
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from provenance import run_stamp, with_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "real_section.json"
-STAGES = ("fetch", "ingest", "annotate", "cellvit", "concordance", "extract", "probe")
+STAGES = ("fetch", "atlas", "reference", "ingest", "annotate", "cellvit", "concordance", "extract", "probe")
+REFERENCE = "breast_cellxgene"  # data/references/<name>.h5ad: the CELLxGENE-shaped atlas after `references build`
+ATLAS_CELLS, ATLAS_GENES = 100_000, 30_000
+EXTRACT_ENCODER = "random-vit-t16"  # the ViT-Ti/16 control, at 20×
+EXTRA_GENES_PER_CELL = 1_100  # detected genes per cell outside the simulator's (about 2,000 in all, as 10x 3' v3)
 SECTION = {"section_id": "breast_real_size", "organ": "Breast", "status": "Breast cancer"}
 CONTOUR_POINTS = 32
 PANNUKE_TYPE_MAP = {"0": "Background", "1": "Neoplastic", "2": "Inflammatory", "3": "Connective", "4": "Dead",
@@ -54,9 +62,10 @@ def write_params(workdir: Path, cells: int, genes: int) -> Path:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["synthetic"].update(cells_per_section=cells, panel_genes=genes, sections=[SECTION])
     params["concordance"].update(panel_sizes=[1], cellvit_dir=str(workdir / "cellvit"))
+    params["annotate"]["references"] = {SECTION["section_id"]: REFERENCE}
     params["panel"] = "S1"
     params["protocol"] = "is"
-    params["extract"].update(encoders=["random-vit-t16"], magnifications=["20x"])
+    params["extract"].update(encoders=[EXTRACT_ENCODER], magnifications=["20x"])
     params["mlflow"]["enabled"] = False
     path = workdir / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
@@ -95,10 +104,67 @@ def write_cellvit(data_dir: Path, out_dir: Path, he_mpp: float, seed: int = 0) -
             "bytes": path.stat().st_size}
 
 
+def write_cellxgene_atlas(data_dir: Path, out: Path, cells: int = ATLAS_CELLS, genes: int = ATLAS_GENES,
+                          seed: int = 0) -> dict:
+    """An atlas in CELLxGENE's shape at ``out``: ``cells`` × ``genes``, Ensembl ids as var_names with
+    symbols in var["feature_name"], raw counts (float32) in raw.X, log-normalised X, labels in
+    obs["cell_type"]. Its cells are the simulator's Breast reference cells drawn with replacement and
+    binomially thinned to depths of 60–100 %, beside genes the panel lacks with about
+    ``EXTRA_GENES_PER_CELL`` detected per cell; drawn in blocks of 10,000 cells. Its shape and bytes."""
+    import anndata as ad
+    import scanpy as sc
+    from scipy import sparse
+
+    from cellpath.io.layout import reference_h5ad
+
+    simulated = ad.read_h5ad(reference_h5ad(data_dir, "breast"))
+    rng = np.random.default_rng(seed)
+    n_extra = genes - simulated.n_vars
+    drawn_cells = rng.integers(0, simulated.n_obs, cells)
+    blocks = []
+    for start in range(0, cells, 10_000):
+        chosen = drawn_cells[start:start + 10_000]
+        drawn = sparse.csr_matrix(simulated.X[chosen], dtype=np.int64)
+        drawn.data = rng.binomial(drawn.data, np.repeat(rng.uniform(0.6, 1.0, len(chosen)), np.diff(drawn.indptr)))
+        rows = np.repeat(np.arange(len(chosen)), rng.poisson(EXTRA_GENES_PER_CELL, len(chosen)))
+        extra = sparse.csr_matrix((1 + rng.poisson(0.3, len(rows)), (rows, rng.integers(0, n_extra, len(rows)))),
+                                  shape=(len(chosen), n_extra))  # a gene drawn twice for a cell sums
+        block = sparse.hstack([drawn, extra], format="csr", dtype=np.float32)
+        block.eliminate_zeros()
+        blocks.append(block)
+    counts = sparse.vstack(blocks, format="csr")
+    del blocks
+    symbols = [*map(str, simulated.var_names), *(f"CPX{i:05d}" for i in range(n_extra))]
+    var = pd.DataFrame({"feature_name": symbols, "feature_biotype": "gene"},
+                       index=pd.Index([f"ENSG{i:011d}" for i in range(genes)]))
+    obs = pd.DataFrame({"cell_type": pd.Categorical(simulated.obs["cell_type"].to_numpy()[drawn_cells]),
+                        "assay": "10x 3' v3", "tissue": "breast", "donor_id": "simulated"},
+                       index=pd.Index([f"cell{i:06d}" for i in range(cells)]))
+    atlas = ad.AnnData(X=counts.copy(), obs=obs, var=var)
+    sc.pp.normalize_total(atlas, target_sum=1e4)
+    sc.pp.log1p(atlas)
+    atlas.raw = ad.AnnData(X=counts, var=var)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atlas.write_h5ad(out)
+    return {"path": f"{out.name} in the workdir", "cells": cells, "genes": genes, "nonzeros": int(counts.nnz),
+            "bytes": out.stat().st_size}
+
+
+def stage_command(stage: str, params: Path, workdir: Path) -> list[str]:
+    """The command a stage runs: ``cellpath <stage>`` as ``dvc repro`` runs it, or for ``reference``
+    ``cellpath references build`` of the atlas (as Tabula Sapiens' CELLxGENE h5ad, raw.X counts)."""
+    cellpath = str(Path(sys.executable).parent / "cellpath")
+    if stage == "reference":
+        return [cellpath, "references", "build", "tabula_sapiens_normal", "--from", str(workdir / "atlas.h5ad"),
+                "--vocabulary", "cellpath-simulated-atlas/1",
+                "--out", str(workdir / "data" / "references" / f"{REFERENCE}.h5ad")]
+    return [cellpath, stage, "--params", str(params), "--data-dir", str(workdir / "data"),
+            "--reports-dir", str(workdir / "reports")]
+
+
 def run_stage(stage: str, params: Path, workdir: Path) -> dict:
-    """``cellpath <stage>`` in a child process: exit status, wall seconds, its own peak RSS (bytes)."""
-    command = [str(Path(sys.executable).parent / "cellpath"), stage, "--params", str(params),
-               "--data-dir", str(workdir / "data"), "--reports-dir", str(workdir / "reports")]
+    """A stage's command in a child process: exit status, wall seconds, its own peak RSS (bytes)."""
+    command = stage_command(stage, params, workdir)
     log = (workdir / f"{stage}.log").open("w")
     started = time.perf_counter()
     child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -112,6 +178,49 @@ def run_stage(stage: str, params: Path, workdir: Path) -> dict:
             **({"killed_by": signal.Signals(-returncode).name} if returncode < 0 else {})}
 
 
+def patches_read(workdir: Path) -> int:
+    """Patches the extraction read (its sidecar's ``n_patches``)."""
+    from cellpath.io.layout import features_dir
+
+    sidecar = features_dir(workdir / "data") / EXTRACT_ENCODER / "20x" / SECTION["section_id"] / "sidecar.json"
+    return int(json.loads(sidecar.read_text())["n_patches"])
+
+
+def run_section(workdir: Path, cells: int, genes: int, stages: list[str], done: dict, record, *,
+                atlas: Path | None = None) -> dict:
+    """Run ``stages`` on one simulated section of ``cells`` cells in ``workdir``, adding each stage's
+    result to ``done`` (stage → result) and calling ``record(done)`` after each; stop at a stage that
+    fails. ``atlas``: an atlas h5ad written before, linked instead of written again."""
+    params = write_params(workdir, cells, genes)
+    he_mpp = yaml.safe_load(params.read_text())["synthetic"]["he_mpp"]
+    commit = run_stamp()["commit"]
+    for stage in stages:
+        started = time.perf_counter()
+        if stage == "atlas" and atlas is not None:
+            target = workdir / "atlas.h5ad"
+            target.unlink(missing_ok=True)
+            target.symlink_to(atlas.resolve())
+            result = {"returncode": 0, "written_by": "linked: the atlas of the first section size"}
+        elif stage == "atlas":
+            result = write_cellxgene_atlas(workdir / "data", workdir / "atlas.h5ad") | {
+                "returncode": 0, "written_by": "the benchmark"}
+        elif stage == "cellvit":
+            result = write_cellvit(workdir / "data", workdir / "cellvit", he_mpp) | {
+                "returncode": 0, "written_by": "the benchmark"}
+        else:
+            result = run_stage(stage, params, workdir)
+        if stage == "extract" and result["returncode"] == 0:
+            result["n_patches"] = patches_read(workdir)
+        if "written_by" in result:
+            result["seconds"] = round(time.perf_counter() - started, 1)
+        done[stage] = result | {"commit": commit}
+        print(stage, done[stage], flush=True)
+        record(done)
+        if result["returncode"] != 0:
+            break
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=283_171)
@@ -122,26 +231,20 @@ def main() -> None:
     stamp = run_stamp()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cellpath-real-section-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    params = write_params(workdir, args.cells, args.genes)
-    he_mpp = yaml.safe_load(params.read_text())["synthetic"]["he_mpp"]
     previous = json.loads(OUT.read_text()) if OUT.is_file() and args.workdir else {}
-    stages = dict(previous.get("stages", {})) if previous.get("cells") == args.cells else {}
-    for stage in args.stages:
-        if stage == "cellvit":
-            started = time.perf_counter()
-            stages[stage] = write_cellvit(workdir / "data", workdir / "cellvit", he_mpp) | {
-                "seconds": round(time.perf_counter() - started, 1), "returncode": 0, "written_by": "the benchmark"}
-        else:
-            stages[stage] = run_stage(stage, params, workdir)
-        print(stage, stages[stage], flush=True)
+    kept = dict(previous.get("stages", {})) if previous.get("cells") == args.cells else {}
+
+    def record(stages: dict) -> None:  # after every stage: a long run stopped keeps its stages
         result = with_provenance({
             "benchmark": "real_section", "cells": args.cells, "genes": args.genes, "section": SECTION,
-            "he_mpp": he_mpp, "stages": stages, "workdir": "kept" if args.workdir else "temporary",
-            "budget_bytes": 24e9, "blas": blas_report(), "machine": {"cpus": os.cpu_count()},
-        }, stamp)
-        OUT.write_text(json.dumps(result, indent=2) + "\n")  # after every stage: a long run stopped keeps its stages
-        if stages[stage]["returncode"] != 0:
-            break
+            "he_mpp": yaml.safe_load((workdir / "params.yaml").read_text())["synthetic"]["he_mpp"],
+            "atlas": {"cells": ATLAS_CELLS, "genes": ATLAS_GENES, "reference": REFERENCE},
+            "stages": {stage: stages[stage] for stage in STAGES if stage in stages},
+            "workdir": "kept" if args.workdir else "temporary", "budget_bytes": 24e9, "blas": blas_report(),
+            "machine": {"cpus": os.cpu_count()}}, stamp)
+        OUT.write_text(json.dumps(result, indent=2) + "\n")
+
+    stages = run_section(workdir, args.cells, args.genes, args.stages, kept, record)
     print(json.dumps(stages, indent=2))
 
 
