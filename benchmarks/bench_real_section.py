@@ -232,7 +232,8 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cellpath-real-section-"))
     workdir.mkdir(parents=True, exist_ok=True)
     previous = json.loads(OUT.read_text()) if OUT.is_file() and args.workdir else {}
-    kept = dict(previous.get("stages", {})) if previous.get("cells") == args.cells else {}
+    kept = ({stage: {"commit": previous["commit"], **result} for stage, result in previous["stages"].items()}
+            if previous.get("cells") == args.cells else {})  # a stage kept from an earlier run keeps its commit
 
     def record(stages: dict) -> None:  # after every stage: a long run stopped keeps its stages
         result = with_provenance({
