@@ -230,6 +230,24 @@ def test_missing_weights_give_one_message_naming_model_and_places(tmp_path):
         assert needle in message
 
 
+def test_a_private_model_without_a_hub_id_loads_from_its_folder_and_says_where_it_looked(tmp_path):
+    """A model that exists only on the user's disk: no hub_id, weights in models/<slug>/; without them
+    one message names that folder and says there is nowhere else to look."""
+    spec = tiny_spec(name="my-vit", hub_id=None)
+    with pytest.raises(EncoderUnavailable, match=r"my-vit: no weights found\. Looked for model.safetensors or .* in "
+                                                 rf"{re.escape(str(tmp_path / 'models' / 'my-vit'))}/ \(the row has no "
+                                                 r"hub_id, so nowhere else\); copy a timm vit_small_patch16_224"):
+        load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf")
+    torch.manual_seed(2)
+    original = build_timm_module(spec)
+    (tmp_path / "models" / "my-vit").mkdir(parents=True)
+    save_file(original.state_dict(), tmp_path / "models" / "my-vit" / "model.safetensors")
+    encoder = load_encoder(spec, weights_dir=tmp_path / "models", hf_cache_dir=tmp_path / "hf")
+    images = random_images()
+    cls, _ = encoder.forward_tokens(images)
+    torch.testing.assert_close(cls, reference_tokens(original, spec, images)[:, 0])
+
+
 def _fake_hub_snapshot(cache: Path, spec: EncoderSpec, state: dict, config: dict) -> Path:
     snapshot = hub_snapshot(cache, spec.hub_repo)
     save_file(state, snapshot / "model.safetensors")

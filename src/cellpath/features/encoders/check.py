@@ -101,4 +101,5 @@ def weights_status(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
     except CellPathError:
         names = spec.checkpoint.filename or " or ".join(CHECKPOINT_FILENAMES)
         names += " + config.json" if spec.loader == "transformers" else ""
-        return f"missing ({names} in {Path(weights_dir) / spec.slug}/ or {spec.hub_repo} in the HF cache)"
+        where = f" or {spec.hub_repo} in the HF cache" if spec.hub_repo else " (no hub_id: that folder only)"
+        return f"missing ({names} in {Path(weights_dir) / spec.slug}/{where})"

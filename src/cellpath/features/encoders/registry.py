@@ -181,8 +181,6 @@ class EncoderSpec(BaseModel):
             raise ValueError("requires (what the custom loader needs) must be given exactly for custom: loaders")
         if (self.loader == "offline:random-vit") != (self.init_seed is not None):
             raise ValueError("init_seed must be given exactly for loader offline:random-vit")
-        if self.loader in ("timm", "transformers", "open_clip", "beit3") and self.hub_id is None:
-            raise ValueError(f"a {self.loader} row needs a hub_id (weights may also come from models/<slug>/)")
         if self.paper_input_size == self.input_size:
             raise ValueError("paper_input_size is only given where the row departs from Table 6's input size")
         resized = self.timm_kwargs.get("dynamic_img_size") is True  # position embeddings resampled to the input

@@ -64,9 +64,10 @@ def given_weights(spec: EncoderSpec, path: Path) -> WeightsFile:
 
 def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
                  hf_cache_dir: Path | None = None) -> WeightsFile:
-    """The first checkpoint found: ``<weights_dir>/<slug>/`` then the HF cache snapshot of
-    ``spec.hub_id`` at ``spec.revision`` (for a transformers row, a weights file with a
-    ``config.json`` beside it). Raises one EncoderUnavailable naming both places."""
+    """The first checkpoint found: ``<weights_dir>/<slug>/`` then, for a row with a ``hub_id``, the HF
+    cache snapshot of it at ``spec.revision`` (for a transformers row, a weights file with a
+    ``config.json`` beside it); a row without one (a private model) is read from the folder only.
+    Raises one EncoderUnavailable naming every place looked in."""
     local_dir = Path(weights_dir) / spec.slug
     needs_config = spec.loader == "transformers"
     filenames = (spec.checkpoint.filename,) if spec.checkpoint.filename else CHECKPOINT_FILENAMES
@@ -74,25 +75,28 @@ def find_weights(spec: EncoderSpec, *, weights_dir: Path = Path("models"),
         path = local_dir / Path(filename).name
         if path.is_file() and (not needs_config or (local_dir / CONFIG_FILENAME).is_file()):
             return WeightsFile(path, "sha256:" + _sha256(path), "local")
+    names = " or ".join(filenames) + (f", with its {CONFIG_FILENAME}," if needs_config else "")
+    architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
+        else (f"open_clip {spec.open_clip_model} vision-tower" if spec.open_clip_model else f"timm {spec.timm_model}") \
+        + " state dict"
+    copy = f"copy a {architecture} into {local_dir}/ as {' or '.join(Path(name).name for name in filenames)}."
+    if spec.hub_repo is None:
+        raise EncoderUnavailable(f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ (the row has no "
+                                 f"hub_id, so nowhere else); {copy}")
     cache_dir = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
     for filename in filenames:
         cached = try_to_load_from_cache(spec.hub_repo, filename, cache_dir=cache_dir, revision=spec.revision,
                                         repo_type=spec.checkpoint.repo_type)
         if isinstance(cached, str) and (not needs_config or (Path(cached).parent / CONFIG_FILENAME).is_file()):
             return WeightsFile(Path(cached), _snapshot_commit(Path(cached)), "hf-cache")
-    names = " or ".join(filenames) + (f", with its {CONFIG_FILENAME}," if needs_config else "")
     download_args = "".join([f" {spec.checkpoint.filename}" if spec.checkpoint.filename else "",
                              " --repo-type dataset" if spec.checkpoint.repo_type == "dataset" else ""])
-    architecture = f"transformers {spec.transformers_class} checkpoint (save_pretrained)" if needs_config \
-        else (f"open_clip {spec.open_clip_model} vision-tower" if spec.open_clip_model else f"timm {spec.timm_model}") \
-        + " state dict"
     raise EncoderUnavailable(
         f"{spec.name}: no weights found. Looked for {names} in {local_dir}/ and for "
         f"{spec.hub_repo}@{spec.revision} in the Hugging Face cache {cache_dir}. Provide them with "
         f"`hf download {spec.hub_repo}{download_args} --revision {spec.revision}` (older huggingface_hub: "
         f"`huggingface-cli download`) on a machine with hub access, gated repos after accepting their "
-        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or copy a {architecture} "
-        f"into {local_dir}/ as {' or '.join(Path(name).name for name in filenames)}."
+        f"licence with HF_TOKEN set, pointing HF_HUB_CACHE at that cache; or {copy}"
     )
 
 
