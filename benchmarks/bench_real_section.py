@@ -13,7 +13,8 @@ cellvit (written by the benchmark), concordance (reading the CellViT++ file), ex
 control at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS is its own
 process's (``os.wait4``'s rusage; the benchmark writes its own files in spawned processes, so that
 no stage inherits their pages), its wall time from start to exit; each stage starts as a first run
-would (the task outputs an earlier run kept in ``data/.work`` removed) and records its commit.
+would (the task outputs an earlier run kept in ``data/.work``, and the extraction's features, removed)
+and records its commit.
 
 Writes benchmarks/results/real_section.json after every stage (``--stages`` may stop early; a stage
 that fails is recorded with its exit status, and the signal that killed it — SIGKILL from the
@@ -219,8 +220,11 @@ def run_section(workdir: Path, cells: int, genes: int, stages: list[str], done: 
             result = in_child(write_cellvit, workdir / "data", workdir / "cellvit", he_mpp) | {
                 "returncode": 0, "written_by": "the benchmark"}
         else:
-            for kept in ("extract", "patches") if stage == "extract" else (stage,):  # a first run's: nothing to reuse
-                shutil.rmtree(workdir / "data" / ".work" / kept, ignore_errors=True)
+            kept = [workdir / "data" / ".work" / stage]  # as a first run: nothing to reuse
+            if stage == "extract":
+                kept += [workdir / "data" / ".work" / "patches", workdir / "data" / "features" / EXTRACT_ENCODER]
+            for folder in kept:
+                shutil.rmtree(folder, ignore_errors=True)
             result = run_stage(stage, params, workdir)
         if stage == "extract" and result["returncode"] == 0:
             result["n_patches"] = patches_read(workdir)
