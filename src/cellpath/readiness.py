@@ -105,14 +105,16 @@ class PanelReadiness:
         return bool(self.sections) and not self.problems and all(s.ready for s in self.sections)
 
 
-def paper_panel_params(params: Params, root: Path = Path(".")) -> tuple[Params, list[str]]:
-    """The paper's configuration (:func:`paper_params`) on the manifest's ``panel_s25`` sections, and a
+def paper_panel_params(params: Params, root: Path = Path("."), *,
+                       placement: bool = False) -> tuple[Params, list[str]]:
+    """The paper's configuration (:func:`paper_params`; ``placement``: :func:`placement_params`, for
+    ``params``' encoders at the headline condition) on the manifest's ``panel_s25`` sections, and a
     note per setting of ``params`` left out because it names sections outside that panel (the simulated
     run's ``annotate.references`` entries, or its shortcut probe's ``train_levels``: that probe is then
     not checked)."""
-    from cellpath.planning.paper import paper_params
+    from cellpath.planning.paper import paper_params, placement_params
 
-    data = paper_params(params).model_dump(mode="json")
+    data = (placement_params(params) if placement else paper_params(params)).model_dump(mode="json")
     rows = [s for s in read_manifest(root / params.tenx.manifest) if s.panel_s25]
     data["tenx"]["sections"] = [s.section_id for s in rows]
     notes = []
@@ -130,12 +132,12 @@ def paper_panel_params(params: Params, root: Path = Path(".")) -> tuple[Params, 
     return parse_params(data), notes
 
 
-def check_readiness(params: Params, root: Path, data_dir: Path, *, paper: bool = False,
+def check_readiness(params: Params, root: Path, data_dir: Path, *, paper: bool = False, placement: bool = False,
                     notes: tuple[str, ...] = ()) -> PanelReadiness:
     """The readiness of ``params``' 10x panel (``paper``: the paper's panel and configuration, see
-    :func:`paper_panel_params`, whose ``notes`` are shown)."""
+    :func:`paper_panel_params`, whose ``notes`` are shown; ``placement``: its placement configuration)."""
     manifest = root / params.tenx.manifest
-    title, mirror = _title(params, paper), params.tenx.mirror
+    title, mirror = _title(params, paper, placement), params.tenx.mirror
     try:
         rows = read_manifest(manifest)
         check_downloads([], params.tenx, root)  # tenx.mirror: a folder that exists, or a web URL
@@ -159,8 +161,11 @@ def check_readiness(params: Params, root: Path, data_dir: Path, *, paper: bool =
     return PanelReadiness(title, sections, tuple(problems), mirror, tuple(notes))
 
 
-def _title(params: Params, paper: bool) -> str:
+def _title(params: Params, paper: bool, placement: bool = False) -> str:
     manifest, listed = params.tenx.manifest, params.tenx.sections
+    if placement:
+        return (f"the paper's panel: the panel_s25 sections of {manifest}, in the placement configuration (the "
+                f"paper's at its headline condition) for {', '.join(params.extract.encoders)}")
     if paper:
         return f"the paper's panel: the panel_s25 sections of {manifest}, in the paper's configuration"
     if listed:
@@ -180,12 +185,14 @@ def _chosen(rows: list[ManifestSection], wanted: list[str], manifest: Path) -> t
 
 
 def _one_encoder_problem(problems: list[Problem], n_encoders: int) -> list[Problem]:
-    """The paper's encoders that cannot run here as one problem (each one's reason: ``cellpath encoders check``)."""
+    """The configuration's encoders that cannot run here as one problem (each one's reason: ``cellpath
+    encoders check``)."""
     encoders = [p for p in problems if p.where.startswith("extract.encoders: ")]
     if not encoders:
         return problems
     names = ", ".join(p.where.removeprefix("extract.encoders: ").strip("'") for p in encoders)
-    summary = Problem("extract.encoders", f"{len(encoders)} of the paper's {n_encoders} encoders cannot run here "
+    summary = Problem("extract.encoders", f"{len(encoders)} of the configuration's {n_encoders} encoders cannot run "
+                                          "here "
                                           f"({names}); `cellpath encoders list` shows where weights are looked for, "
                                           "docs/encoders.md how to provide them")
     return [summary, *(p for p in problems if p not in encoders)]

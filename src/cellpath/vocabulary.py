@@ -50,6 +50,12 @@ PAPER_MOCV_FOLDS = 5
 PAPER_MIN_TRAIN_CELLS: dict[str, int] = {"fine": 500, "coarse": 100}
 PAPER_MIN_TEST_CELLS: dict[str, int] = {"fine": 200, "coarse": 100}
 
+#: The configurations ``cellpath plan`` and ``cellpath validate`` take (``--preset``): the params as
+#: they are, the paper's, or placement (the paper's, at the headline condition only, for the
+#: encoders the user lists); the last two are on the paper's panel.
+PRESETS = ("current", "paper", "placement")
+PAPER_PANEL_PRESETS = ("paper", "placement")
+
 
 def headline_magnification(magnifications: list[str]) -> str:
     """The magnification of the headline numbers and CRT: 20× (the paper's) when evaluated, else the first."""

@@ -208,6 +208,21 @@ def test_paper_preset_lists_the_25_panel_sections_and_fails_without_references(m
     assert "leave out --preset paper" in capsys.readouterr().err
 
 
+def test_placement_preset_checks_the_paper_panel_for_the_users_encoders(monkeypatch, tmp_path, capsys):
+    """`--preset placement`: the same 25 sections, titled with the placement configuration and the
+    encoders of params.yaml (not the paper's 30); --record refused as for the paper's preset."""
+    monkeypatch.chdir(PROJECT_ROOT)
+    assert main(["validate", "--preset", "placement", "--data-dir", str(tmp_path / "data")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    encoders = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())["extract"]["encoders"]
+    assert lines[1].endswith(f"in the placement configuration (the paper's at its headline condition) for "
+                             f"{', '.join(encoders)}")
+    assert lines[-1].startswith("0 of 25 sections ready")
+    assert not any("of the configuration's" in line for line in lines)  # the default's encoders need no weights
+    assert main(["validate", "--preset", "placement", "--record", str(tmp_path / "v.json")]) == 2
+    assert "leave out --preset placement" in capsys.readouterr().err
+
+
 def test_paper_panel_params_leave_out_what_names_simulated_sections(monkeypatch):
     monkeypatch.chdir(PROJECT_ROOT)
     data = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())

@@ -1,6 +1,8 @@
 """``cellpath plan``: what a configuration implies, what it costs, and what it needs to finish in a week.
 
-For the current params, or the paper's configuration (``--preset paper``): sections and cells,
+For the current params, the paper's configuration (``--preset paper``) or the placement
+configuration (``--preset placement``: the paper's at its headline condition, priced beside the same
+models' share of the paper's, with the ``dvc exp run -S`` arguments that run it): sections and cells,
 patches and feature bytes per encoder and magnification, probe runs per protocol, and per stage
 the core-hours (CPU), GPU-hours, the largest task's peak memory and the disk, from the cost model
 stored with the code (``cellpath.runtime.costs``; measured by ``benchmarks/bench_scale.py``, not
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from cellpath.config import Params
 from cellpath.io.layout import DEFAULT_REPORTS_DIR
-from cellpath.planning.build import build_plan
+from cellpath.planning.build import build_plan, placement_share
 from cellpath.planning.render import render
 from cellpath.runtime.costs import COSTS_PATH
 
@@ -34,7 +36,9 @@ def run(params: Params, data_dir: Path, *, preset: str = "current", costs_path: 
     GPUs of the node whose days the plan prints; ``pilot``: a probe run table on real features to
     take the probe's iterations from (else the project's own when ``source: 10x``, else the cost
     model's, measured on problems shaped like real features)."""
-    plan = build_plan(params, data_dir, preset=preset, costs_path=costs_path, worker_cores=worker_cores,
-                      worker_memory_gb=worker_memory_gb, deadline_days=deadline_days, models=models,
-                      node_gpus=node_gpus, reports_dir=reports_dir, pilot=pilot)
+    options = {"costs_path": costs_path, "worker_cores": worker_cores, "worker_memory_gb": worker_memory_gb,
+               "deadline_days": deadline_days, "node_gpus": node_gpus, "reports_dir": reports_dir, "pilot": pilot}
+    plan = build_plan(params, data_dir, preset=preset, models=models, **options)
+    if preset == "placement":
+        plan["placement"] = placement_share(plan, params, data_dir, **options)
     return json.dumps(plan, indent=2) if as_json else render(plan)

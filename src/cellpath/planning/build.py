@@ -20,7 +20,7 @@ from cellpath.features.encoders.registry import EncoderSpec, selected_encoders
 from cellpath.features.panel import load_panel_cells
 from cellpath.io.layout import DEFAULT_REPORTS_DIR, panels_csv, probe_runs_parquet, raw_dir
 from cellpath.planning.disk import disk_plan, folder_raw_bytes, manifest_raw_bytes, project_cache_type
-from cellpath.planning.paper import paper_comparison, paper_params
+from cellpath.planning.paper import overrides, paper_comparison, paper_params, placement_params
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload,
                                         staged_sections)
@@ -28,6 +28,7 @@ from cellpath.probing.fit import probe_budget_mb
 from cellpath.runtime.costs import COSTS_PATH, Iterations, load_costs, pilot_iterations
 from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
                                        week_summary)
+from cellpath.vocabulary import PAPER_PANEL_PRESETS
 
 
 def chosen_encoders(encoders: list[EncoderSpec], models: list[str] | None, preset: str) -> list[EncoderSpec]:
@@ -69,7 +70,7 @@ def raw_bytes(params: Params, data_dir: Path, preset: str, section_ids: list[str
     sizes (the paper's panel, or ``source: 10x``); simulated sections not yet written are unknown."""
     if preset == "current" and raw_dir(data_dir).is_dir():
         return folder_raw_bytes(raw_dir(data_dir), section_ids)
-    if preset == "paper" or params.source == "10x":
+    if preset in PAPER_PANEL_PRESETS or params.source == "10x":
         return manifest_raw_bytes(params.tenx.manifest, section_ids)
     return {"bytes": 0, "known_sections": 0, "sections": len(section_ids), "source": "not fetched yet"}
 
@@ -87,12 +88,15 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None) -> dict:
     """The plan: panel, features, probe runs, per-stage estimates, the disk per place and DVC's time on
     the features, the workers to finish within ``deadline_days`` days and the days on one node of
-    ``node_gpus`` GPUs. Workers default to this machine's size (cores, memory in GB). ``models`` (slugs): only those encoders' share of the
-    configuration: their extraction and their probe and robustness runs, on the same panel. The
-    probe's iterations: :func:`pilot_iterations_for`, else the cost model's."""
+    ``node_gpus`` GPUs. Workers default to this machine's size (cores, memory in GB). ``models``
+    (slugs): only those encoders' share of the configuration: their extraction and their probe and
+    robustness runs, on the same panel (with ``preset="placement"``, the encoders placed). The probe's
+    iterations: :func:`pilot_iterations_for`, else the cost model's."""
     iterations = pilot_iterations_for(params, reports_dir, pilot)  # the project's own sections decide
     if preset == "paper":
         params = paper_params(params)
+    elif preset == "placement":
+        params = placement_params(params, models)
     data_dir = Path(data_dir)
     model = load_costs(costs_path)
     configured = selected_encoders(params.extract.registry, params.extract.encoders)
@@ -141,3 +145,30 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
             "estimates": estimates, "not_estimated": not_estimated(estimates),
             "week": week_summary(estimates, worker_cores or machine["cpus"] or 1, worker_memory, deadline_days),
             "gpu_node": gpu_node_summary(estimates, node_gpus)}
+
+
+def stage_hours(estimates: list[dict]) -> dict:
+    """Per stage, CPU core-hours and GPU-hours (where the cost model has a cuda entry), and their totals."""
+    cpu = {e["stage"]: 0.0 for e in estimates if e["device"] == "cpu"}
+    gpu = {e["stage"]: 0.0 for e in estimates if e["device"] == "cuda"}
+    for e in estimates:
+        if e["device"] == "cpu":
+            cpu[e["stage"]] += e["core_seconds"] / 3600
+        else:
+            gpu[e["stage"]] += e["seconds"] / 3600
+    return {"cpu_core_hours": cpu, "cpu_total": sum(cpu.values()), "gpu_hours": gpu, "gpu_total": sum(gpu.values())}
+
+
+def placement_share(plan: dict, params: Params, data_dir: Path, **options) -> dict:
+    """Beside a placement plan (``plan``, built from ``params`` with ``preset="placement"``): its
+    hours per stage, the same models' share of the paper's configuration from the same cost model,
+    the placement's fraction of it (CPU core-hours; GPU-hours where priced) and the ``dvc exp run
+    -S`` arguments that turn ``params`` into the placement configuration."""
+    models = plan["models"] or [spec.slug for spec in selected_encoders(params.extract.registry,
+                                                                        params.extract.encoders)]
+    paper = build_plan(params, data_dir, preset="paper", models=models, **options)
+    ours, theirs = stage_hours(plan["estimates"]), stage_hours(paper["estimates"])
+    return {"models": models, "placement": ours, "paper": theirs,
+            "cpu_fraction": ours["cpu_total"] / theirs["cpu_total"] if theirs["cpu_total"] else None,
+            "gpu_fraction": ours["gpu_total"] / theirs["gpu_total"] if theirs["gpu_total"] else None,
+            "overrides": overrides(params, placement_params(params, models))}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from cellpath.runtime.planning import DEVICES, GPU_STAGES, STAGES
 
 
@@ -171,8 +173,32 @@ def _gpu_node(plan: dict) -> list[str]:
     return lines + [f"  source: {source}" for source in sources]
 
 
+def _placement(share: dict) -> list[str]:
+    """The placement's hours beside the same models' share of the paper's, and how to run it."""
+    def hours(part: dict, key: str) -> str:
+        stages = part[key]
+        return (", ".join(f"{stage} {value:,.1f}" for stage, value in stages.items())
+                + f" → {sum(stages.values()):,.1f}")
+
+    ours, theirs = share["placement"], share["paper"]
+    lines = [f"placement of {', '.join(share['models'])}: the paper's configuration at its headline condition "
+             "(20×, Nuc, Tfine; all four protocols; robustness at the same condition)",
+             f"  CPU core-hours: {hours(ours, 'cpu_core_hours')}, against {hours(theirs, 'cpu_core_hours')} for the "
+             "same models in the paper's configuration"
+             + (f" ({100 * share['cpu_fraction']:.1f} %)" if share["cpu_fraction"] is not None else "")]
+    if ours["gpu_hours"]:
+        lines.append(f"  GPU-hours: {hours(ours, 'gpu_hours')}, against {hours(theirs, 'gpu_hours')}"
+                     + (f" ({100 * share['gpu_fraction']:.1f} %)" if share["gpu_fraction"] is not None else ""))
+    else:
+        lines.append("  GPU-hours: not measured (the cost model has no cuda costs)")
+    arguments = " ".join(f"-S {shlex.quote(item)}" for item in share["overrides"])
+    return lines + [f"  to run it: dvc exp run {arguments}" if arguments else
+                    "  to run it: dvc exp run (params.yaml is already the placement configuration)"]
+
+
 def render(plan: dict) -> str:
     """The plan as a readable text table: features, disk per place, probe runs, cost per stage, workers
-    for the deadline and the days on one GPU node."""
+    for the deadline, the days on one GPU node and, for a placement, its share of the paper's cost."""
+    placement = ["", *_placement(plan["placement"])] if "placement" in plan else []
     return "\n".join([*_features(plan), "", *_disk(plan), "", *_probe(plan), "", *_costs(plan), "", *_week(plan), "",
-                      *_gpu_node(plan)])
+                      *_gpu_node(plan), *placement])

@@ -26,12 +26,12 @@ from cellpath.probing.plan import count_runs, plan_runs, split_sizes
 from cellpath.runtime.costs import ExtractCosts, extract_patches, feature_bytes, parameter_count
 from cellpath.runtime.planning import ExtractJob
 from cellpath.sources.tenx import read_manifest, select_sections
-from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATION_MPP
+from cellpath.vocabulary import CLS_READOUTS, MAGNIFICATION_MPP, PAPER_PANEL_PRESETS
 
 
 def panel_summary(params: Params, data_dir: Path, preset: str, evaluated: pd.DataFrame | None) -> dict:
     """Sections (section_id, organ, cells) the configuration evaluates, and where they came from."""
-    if preset == "paper":
+    if preset in PAPER_PANEL_PRESETS:
         manifest = pd.read_csv(params.tenx.manifest)
         chosen = manifest[manifest["panel_s25"] == 1]
         return {"name": params.panel, "sections": chosen[["section_id", "organ", "cells"]].to_dict("records"),

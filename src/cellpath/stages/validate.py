@@ -1,7 +1,8 @@
 """validate: check params.yaml and everything it points to before any stage removes an output
 (docs/decisions/0014); its record ``data/validated.json`` is a dependency of every other stage.
 
-For ``source: 10x``, and for the paper's panel (``--preset paper``), it shows the panel's readiness:
+For ``source: 10x``, and for the paper's panel (``--preset paper``, or ``--preset placement``: that
+panel for ``extract.encoders`` at the headline condition), it shows the panel's readiness:
 per section what is in place and the one action each gap needs (:mod:`cellpath.readiness`)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from cellpath.errors import ConfigError
 from cellpath.io.atomic import atomic_output
 from cellpath.preflight import check_params, read_params
 from cellpath.readiness import check_readiness, paper_panel_params, render
+from cellpath.vocabulary import PAPER_PANEL_PRESETS
 
 NOTHING_REMOVED = "no stage has run or removed anything"
 
@@ -20,16 +22,17 @@ NOTHING_REMOVED = "no stage has run or removed anything"
 def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: str = "current") -> str:
     """Raise ConfigError listing every problem at once (for a 10x panel: its readiness table); else
     write ``record`` (when given) and return what was validated."""
-    if preset == "paper" and record is not None:
+    if preset in PAPER_PANEL_PRESETS and record is not None:
         raise ConfigError("--record is the validate stage's output, which checks params.yaml as it is; "
-                          "leave out --preset paper there")
+                          f"leave out --preset {preset} there")
     params, problems = read_params(params_path)
     root = Path(".")
-    if params is not None and not problems and (preset == "paper" or params.source == "10x"):
-        paper, notes = preset == "paper", []
+    if params is not None and not problems and (preset in PAPER_PANEL_PRESETS or params.source == "10x"):
+        paper, notes = preset in PAPER_PANEL_PRESETS, []
         if paper:
-            params, notes = paper_panel_params(params, root)
-        report = check_readiness(params, root, data_dir, paper=paper, notes=tuple(notes))
+            params, notes = paper_panel_params(params, root, placement=preset == "placement")
+        report = check_readiness(params, root, data_dir, paper=paper, placement=preset == "placement",
+                                 notes=tuple(notes))
         text = render(report)
         if not report.ready:
             raise ConfigError(f"the panel is not ready ({NOTHING_REMOVED}):\n{text}")

@@ -287,3 +287,57 @@ def test_the_paper_plan_prints_the_disk_per_place_and_dvc_time(at_root, tmp_path
     save_costs(model, costs)
     assert "DVC's time on the features: not measured" in plan_text(
         load_params("params.yaml"), tmp_path / "data", preset="paper", costs_path=costs)
+
+
+def test_placement_is_the_paper_at_its_headline_condition_and_its_dvc_line_makes_it(at_root, tmp_path):
+    """The placement configuration keeps the paper's panel, seeds, folds, gates and no cap, for the
+    listed encoders at 20×, Nuc, Tfine (probe and robustness); its `-S` arguments applied to
+    params.yaml give exactly that configuration."""
+    from cellpath.planning.paper import overrides, placement_params
+
+    params = load_params("params.yaml")
+    placement = placement_params(params, ["uni2"])
+    paper = paper_params(params)
+    assert placement.extract.encoders == ["uni2"] and placement.extract.magnifications == ["20x"]
+    assert placement.probe.readouts == ["Nuc"] and placement.probe.taxonomies == ["fine"]
+    assert placement.robustness.readouts == ["Nuc"] and placement.robustness.taxonomies == ["fine"]
+    for same in ("panel", "source", "protocol"):
+        assert getattr(placement, same) == getattr(paper, same)
+    assert placement.probe.seeds == paper.probe.seeds and placement.probe.max_train_cells is None
+    assert placement.probe.min_train_cells == paper.probe.min_train_cells
+
+    data = params.model_dump(mode="json")
+    for argument in overrides(params, placement):  # as `dvc exp run -S key=value` sets them
+        key, value = argument.split("=", 1)
+        *path, leaf = key.split(".")
+        target = data
+        for name in path:
+            target = target[name]
+        target[leaf] = yaml.safe_load(value)
+    assert parse_params(data) == placement
+    assert overrides(placement, placement) == []
+
+
+def test_cli_placement_prices_one_model_as_a_fraction_of_its_paper_share(at_root, tmp_path, costs, capsys):
+    """`cellpath plan --preset placement --models uni2`: the same cost model prices the placement and
+    uni2's share of the paper's configuration; the placement is a small fraction of it (one of 3
+    magnifications, 1 of 7 readouts, 1 of 2 taxonomies), and the line that runs it is printed."""
+    plan = json.loads(plan_text(load_params("params.yaml"), tmp_path, preset="placement", models=["uni2"],
+                                costs_path=costs, as_json=True))
+    share = plan["placement"]
+    assert share["models"] == ["uni2"] and plan["probe"]["total"]["runs"] == sum(
+        row["runs"] for row in plan["probe"]["protocols"].values())
+    paper = json.loads(plan_text(load_params("params.yaml"), tmp_path, preset="paper", models=["uni2"],
+                                 costs_path=costs, as_json=True))
+    paper_cpu = sum(e["core_seconds"] for e in paper["estimates"] if e["device"] == "cpu") / 3600
+    assert share["paper"]["cpu_total"] == pytest.approx(paper_cpu)
+    assert 0 < share["cpu_fraction"] < 0.25
+    # one magnification of three: a third of the paper's patches; one readout and taxonomy: 1/14 of the runs
+    assert plan["features"][0]["magnification"] == "20x" and len(plan["features"]) == 1
+    assert plan["probe"]["total"]["runs"] * 14 * 3 == paper["probe"]["total"]["runs"]
+    assert main(["plan", "--preset", "placement", "--models", "uni2", "--costs", str(costs),
+                 "--data-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "placement of uni2: the paper's configuration at its headline condition" in text
+    assert f"({100 * share['cpu_fraction']:.1f} %)" in text
+    assert "to run it: dvc exp run -S source=10x" in text and "-S 'probe.readouts=[Nuc]'" in text
