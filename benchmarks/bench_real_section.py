@@ -10,11 +10,11 @@ classes by compartment). It then runs the pipeline's stages on them as ``dvc rep
 ``cellpath <stage>`` in a child process each — in order: fetch (the simulator), atlas (written by
 the benchmark), reference (``references build``), ingest, annotate (the built atlas as reference),
 cellvit (written by the benchmark), concordance (reading the CellViT++ file), extract (the ViT-Ti/16
-control at 20×) and probe (IS, the two taxonomies, every readout). A stage's peak RSS is its own
-process's (``os.wait4``'s rusage; the benchmark writes its own files in spawned processes, so that
-no stage inherits their pages), its wall time from start to exit; each stage starts as a first run
-would (the task outputs an earlier run kept in ``data/.work``, and the extraction's features, removed)
-and records its commit.
+control at 20×) and probe (IS, the two taxonomies, every readout, every training cell). A stage's
+peak RSS is its own process's (``os.wait4``'s rusage; the benchmark writes its own files in spawned
+processes, so that no stage inherits their pages), its wall time from start to exit; each stage
+starts as a first run would (the task outputs an earlier run kept in ``data/.work``, and the
+extraction's features, removed) and records its commit.
 
 Writes benchmarks/results/real_section.json after every stage (``--stages`` may stop early; a stage
 that fails is recorded with its exit status, and the signal that killed it — SIGKILL from the
@@ -70,6 +70,7 @@ def write_params(workdir: Path, cells: int, genes: int) -> Path:
     params["annotate"]["references"] = {SECTION["section_id"]: REFERENCE}
     params["panel"] = "S1"
     params["protocol"] = "is"
+    params["probe"]["max_train_cells"] = None  # every training cell, as the paper fits
     params["extract"].update(encoders=[EXTRACT_ENCODER], magnifications=["20x"])
     params["mlflow"]["enabled"] = False
     path = workdir / "params.yaml"
