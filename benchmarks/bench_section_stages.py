@@ -4,7 +4,7 @@
 encoder's forward pass (reading the H&E, placing the cells, pooling, writing), as lines in a
 section's cells (``runtime.costs.SectionCosts``). This runs ``bench_real_section``'s stages — fetch,
 atlas, reference, ingest, annotate, cellvit, concordance, extract (ViT-Ti/16 at 20×) — on simulated
-sections of ``--cells`` sizes (default 10,000 and 40,000 cells, the 5,000-gene panel, the same
+sections of ``--cells`` sizes (default 10,000, 40,000 and 120,000 cells, the 5,000-gene panel, the same
 100,000 × 30,000 CELLxGENE-shaped atlas as reference), fits each stage's line of wall seconds and of
 peak RSS (least squares), and predicts the section of ``benchmarks/results/real_section.json``
 (283,171 cells, not among the fitted sizes): estimate ÷ measured per stage, the goal within 2×.
@@ -15,7 +15,9 @@ peak RSS less the ViT's fp32 weights.
 Writes benchmarks/results/section_stages.json; with ``--calibrate`` also the lines into the cost
 model stored with the code (``cellpath/data/costs.json``, the ``cpu`` entry's ``sections``).
 
-Usage: python benchmarks/bench_section_stages.py [--cells 10000 40000] [--workdir DIR] [--calibrate]
+A size whose stages a kept ``--workdir`` already recorded (``cells-<n>/stages.json``) is not run again.
+
+Usage: python benchmarks/bench_section_stages.py [--cells 10000 40000 120000] [--workdir DIR] [--calibrate]
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def check_real_section(lines: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", type=int, nargs="+", default=[10_000, 40_000])
+    parser.add_argument("--cells", type=int, nargs="+", default=[10_000, 40_000, 120_000])
     parser.add_argument("--genes", type=int, default=5_000)
     parser.add_argument("--workdir", type=Path, help="keep each size's data here (default: a temporary folder)")
     parser.add_argument("--calibrate", action="store_true", help="write the lines into the stored cost model")
@@ -107,10 +109,13 @@ def main() -> None:
     for size in sorted(args.cells):
         workdir = root / f"cells-{size}"
         workdir.mkdir(parents=True, exist_ok=True)
-        stages = run_section(workdir, size, args.genes, STAGES, {}, lambda done: None, atlas=atlas)
+        record = workdir / "stages.json"  # a size measured before in this workdir is not run again
+        stages = json.loads(record.read_text()) if record.is_file() else run_section(
+            workdir, size, args.genes, STAGES, {}, lambda done: None, atlas=atlas)
         failed = [stage for stage, result in stages.items() if result["returncode"] != 0]
         if failed:
             raise SystemExit(f"bench_section_stages: {failed[0]} failed at {size:,} cells (see its log in {workdir})")
+        record.write_text(json.dumps(stages, indent=2) + "\n")
         atlas = atlas or workdir / "atlas.h5ad"
         runs[size] = {"stages": stages, "patches": stages["extract"]["n_patches"]}
     source = (f"benchmarks/results/section_stages.json ({stamp['date']}, {stamp['commit']}): simulated sections of "
