@@ -119,6 +119,27 @@ def real_section_rows(d: dict) -> list[Row]:
                 **when(d))]
 
 
+def section_stages_rows(d: dict) -> list[Row]:
+    real = d["real_section"]
+    sizes = ", ".join(thousands(int(n)) for n in d["runs"])
+    parts = []
+    for stage, check in real["stages"].items():
+        if check.get("measured_seconds") is None:
+            parts.append(f"{stage}: not measured at full size")
+            continue
+        parts.append(f"{stage} {check['seconds_ratio']:.2f}× time ({duration(check['estimated_seconds'])} for "
+                     f"{duration(check['measured_seconds'])}), {check['peak_ratio']:.2f}× peak RSS")
+    outside = [stage for stage, check in real["stages"].items() if check.get("within_2x") is False]
+    return [Row("per-section cost lines (`bench_section_stages.py`)",
+                f"lines in a section's cells fitted on simulated sections of {sizes} cells "
+                f"({thousands(d['genes'])}-gene panel, a 100,000 × 30,000 reference), predicting the real-size "
+                f"section ({thousands(real['cells'])} cells, `real_section.json` at {real['commit']})",
+                "the real-size section's measured time and peak RSS",
+                "estimate ÷ measured: " + "; ".join(parts)
+                + ("; every one within 2×" if not outside else f"; outside 2×: {', '.join(outside)}"),
+                **when(d))]
+
+
 def dvc_storage_rows(d: dict) -> list[Row]:
     summary, store = d["summary"], d["store"]
     sides, ratios, rates = summary["sides"], summary["copy_over_links"], summary["rates"]
@@ -370,7 +391,8 @@ BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
     "cellvit_read": cellvit_read_rows, "companions": companions_rows, "dvc_storage": dvc_storage_rows,
     "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
     "real_section": real_section_rows, "real_shaped": real_shaped_rows, "robustness": robustness_rows,
-    "scale": scale_rows, "scale_agreement": scale_agreement_rows, "slide_read": slide_read_rows,
+    "scale": scale_rows, "scale_agreement": scale_agreement_rows, "section_stages": section_stages_rows,
+    "slide_read": slide_read_rows,
     "pipeline": pipeline_rows,
 }
 
