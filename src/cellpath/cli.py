@@ -234,6 +234,16 @@ def _references_arguments(parser: argparse.ArgumentParser) -> None:
                                                "feature_name, gene_symbols or gene_symbol for Ensembl ids)")
 
 
+PRESET_HELP = {
+    "validate": "paper: the readiness of the paper's panel (the manifest's panel_s25 sections, the paper's "
+                "configuration); placement: the same panel for extract.encoders at the headline condition; "
+                "source: 10x shows its panel's readiness as well",
+    "plan": "paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds; placement: the paper's "
+            "configuration at its headline condition (20×, Nuc, Tfine) for the encoders of --models (else "
+            "extract.encoders), priced beside their share of the paper's, with the dvc exp run line that runs it",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cellpath import __version__
 
@@ -249,15 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
         stage.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="data folder (default: %(default)s)")
         stage.add_argument("--reports-dir", default=str(DEFAULT_REPORTS_DIR),
                            help="reports folder (default: %(default)s)")
+        if name in PRESET_HELP:
+            stage.add_argument("--preset", choices=PRESETS, default="current", help=PRESET_HELP[name])
         if name == "extract":
             stage.add_argument("--encoder", help="registry slug or name (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
         if name == "validate":
             stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")
-            stage.add_argument("--preset", choices=PRESETS, default="current",
-                               help="paper: the readiness of the paper's panel (the manifest's panel_s25 sections, "
-                                    "the paper's configuration); placement: the same panel for extract.encoders at "
-                                    "the headline condition; source: 10x shows its panel's readiness as well")
         if name == "encoders":
             stage.add_argument("action", choices=["list", "check"])
             stage.add_argument("name", nargs="?", help="check: the registry slug or name")
@@ -276,11 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
                                help="copy the H&E coarsened N× (block mean) to save disk (default: full resolution)")
             stage.add_argument("--no-images", action="store_true", help="write only the embedding AnnData")
         if name == "plan":
-            stage.add_argument("--preset", choices=PRESETS, default="current",
-                               help="paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds; "
-                                    "placement: the paper's configuration at its headline condition (20×, Nuc, "
-                                    "Tfine) for the encoders of --models (else extract.encoders), priced beside "
-                                    "their share of the paper's, with the dvc exp run line that runs it")
             stage.add_argument("--costs", default=str(COSTS_PATH),
                                help="the cost model (default: the one stored with the code, measured by "
                                     "benchmarks/bench_scale.py)")

@@ -82,6 +82,13 @@ def staged_summary(staged: dict) -> dict:
             "source": staged["source"]}
 
 
+def preset_params(params: Params, preset: str, models: list[str] | None) -> Params:
+    """The configuration a preset plans: the params as they are, the paper's, or the placement of ``models``."""
+    if preset == "paper":
+        return paper_params(params)
+    return placement_params(params, models) if preset == "placement" else params
+
+
 def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
                costs_path: Path = COSTS_PATH, worker_cores: int | None = None, worker_memory_gb: float | None = None,
                deadline_days: float = 7.0, models: list[str] | None = None, node_gpus: int = 8,
@@ -93,10 +100,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
     robustness runs, on the same panel (with ``preset="placement"``, the encoders placed). The probe's
     iterations: :func:`pilot_iterations_for`, else the cost model's."""
     iterations = pilot_iterations_for(params, reports_dir, pilot)  # the project's own sections decide
-    if preset == "paper":
-        params = paper_params(params)
-    elif preset == "placement":
-        params = placement_params(params, models)
+    params = preset_params(params, preset, models)
     data_dir = Path(data_dir)
     model = load_costs(costs_path)
     configured = selected_encoders(params.extract.registry, params.extract.encoders)
