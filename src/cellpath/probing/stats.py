@@ -133,6 +133,24 @@ def organ_level_scores(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     return pd.concat([by_organ[columns], by_fold[columns]], ignore_index=True)
 
 
+def seed_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One row per scored run: its condition, ``balanced_unit`` (its organ, or its fold for MOCV),
+    ``unit`` and ``value`` — what :func:`hierarchical_bootstrap` resamples."""
+    valid = runs.dropna(subset=[metric])
+    return valid[CONDITION].assign(
+        balanced_unit=np.where(valid["protocol"] == "mocv", valid["unit"].astype(str), valid["organ"].astype(str)),
+        unit=valid["unit"].astype(str).to_numpy(), value=valid[metric].to_numpy(float))
+
+
+def condition_replicates(runs: pd.DataFrame, metric: str, key: tuple,
+                         n_resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
+    """The bootstrap replicates of one condition's balanced mean (``key``: its values in
+    ``CONDITION`` order), the very ones :func:`protocol_summary`'s interval is read from."""
+    values = seed_values(runs, metric)
+    chosen = values[(values[CONDITION] == pd.Series(dict(zip(CONDITION, key)))).all(axis=1)]
+    return hierarchical_bootstrap(chosen, n_resamples, condition_rng(*key, metric))
+
+
 def protocol_summary(runs: pd.DataFrame, metric: str, n_resamples: int = BOOTSTRAP_RESAMPLES) -> pd.DataFrame:
     """Mean and SD across balanced units per evaluation condition (SD with ddof=1; NaN for one unit),
     and the 95% bootstrap interval of the mean (``low``, ``high``; :func:`hierarchical_bootstrap` over
@@ -140,11 +158,7 @@ def protocol_summary(runs: pd.DataFrame, metric: str, n_resamples: int = BOOTSTR
     balanced = organ_level_scores(runs, metric)
     table = (balanced.groupby(CONDITION, sort=True)["score"]
              .agg(mean="mean", sd=lambda s: s.std(ddof=1), n_units="size").reset_index())
-    valid = runs.dropna(subset=[metric])
-    per_seed = valid[CONDITION].assign(
-        balanced_unit=np.where(valid["protocol"] == "mocv", valid["unit"].astype(str), valid["organ"].astype(str)),
-        unit=valid["unit"].astype(str).to_numpy(), value=valid[metric].to_numpy(float))
-    intervals = _interval_columns(per_seed, CONDITION, n_resamples, metric)
+    intervals = _interval_columns(seed_values(runs, metric), CONDITION, n_resamples, metric)
     return table.merge(intervals, on=CONDITION, how="left")
 
 

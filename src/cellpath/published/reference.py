@@ -17,6 +17,7 @@ from cellpath.vocabulary import (HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_MIN_
                                  PAPER_MOCV_FOLDS, PAPER_PANEL, PAPER_PANEL_SIZES, PAPER_SEEDS)
 
 Z_95 = 1.959964  # two-sided 95 % normal quantile
+RANK_LEVEL = 0.95  # the rank interval's coverage
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,32 @@ def placement(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]
     beside = means[mine].sort_values(protocols[0], ascending=False, na_position="last", kind="mergesort")
     return Placement(with_ranks(means[~mine], protocols).reset_index(drop=True), beside.reset_index(drop=True),
                      reasons)
+
+
+def rank_interval(paper: pd.DataFrame, replicates: np.ndarray, n_units: int, rng: np.random.Generator,
+                  level: float = RANK_LEVEL) -> dict:
+    """A placed model's rank among the paper's models in one condition, with its ``level`` interval and
+    the paper's models it cannot be told apart from.
+
+    ``paper``: the condition's published rows (model, mean, sd; pp, :func:`published_condition`);
+    ``replicates``: bootstrap replicates of the placed model's balanced mean (pp; the report's
+    hierarchical bootstrap over its units and seeds); ``n_units``: the balanced units each published
+    mean averages (the placed run's, which is the paper's when the run is comparable). Each draw pairs
+    one replicate with a draw of every published mean from Normal(mean, SD / √n) — the sampling
+    distribution of a mean over n units whose SD the paper reports, drawn independently per model
+    (docs/decisions/0046) — and counts the published means above it. The interval is the draws'
+    equal-tailed quantiles of that rank; a published model is *not separable* when the share of draws
+    in which it is above the placed model lies within the interval's tails (both orders plausible)."""
+    means = paper["mean"].to_numpy(float)
+    errors = np.nan_to_num(paper["sd"].to_numpy(float)) / np.sqrt(max(n_units, 1))
+    draws = means + errors * rng.standard_normal((len(replicates), len(means)))
+    above = draws > np.asarray(replicates, float)[:, None]
+    ranks = 1 + above.sum(axis=1)
+    tail = (1.0 - level) / 2.0
+    share = above.mean(axis=0)
+    return {"low": int(np.quantile(ranks, tail, method="lower")),
+            "high": int(np.quantile(ranks, 1.0 - tail, method="higher")),
+            "not_separable": [str(m) for m, q in zip(paper["model"], share) if tail <= q <= 1.0 - tail]}
 
 
 def reproduction(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:

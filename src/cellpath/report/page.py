@@ -85,7 +85,8 @@ def page_context(params: Params, inputs: ReportInputs, built: dict[str, tuple[Ta
         "cross_tables": [by_name["cross_domain_fine"], by_name["cross_domain_coarse"]],
         "published_ranked": "published_this_run" not in by_name,  # a run not comparable is shown beside, unranked
         "published_tables": [by_name[name] for name in ("published_this_run", "published_placement",
-                                                        "published_reproduction") if name in by_name],
+                                                        "published_rank_intervals", "published_reproduction")
+                             if name in by_name],
         "landscape_table": by_name["landscape"],
         "landscape_note": (f"Without a pretraining scale in the registry (drawn at the left, off the scale): "
                            f"{', '.join(missing_scale)}." if missing_scale else ""),

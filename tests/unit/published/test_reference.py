@@ -10,7 +10,8 @@ import pytest
 
 from cellpath.published import load_published
 from cellpath.published.reference import (PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS, PAPER_SEEDS, RunConfiguration,
-                                          comparability, placement, published_condition, reproduction)
+                                          comparability, placement, published_condition, rank_interval,
+                                          reproduction)
 
 S25 = frozenset(f"s{i}" for i in range(25))
 PAPER_RUN = RunConfiguration(source="10x", panel="S25", panel_sizes=(10, 15, 20, 25), panel_sections=S25,
@@ -104,3 +105,23 @@ def test_reproduction_differences_and_flags(published):
     assert table.at["Virchow", "difference"] == pytest.approx(-10.0)
     assert not table.at["UNI2", "outside"] and table.at["Virchow", "outside"]
     assert table.at["UNI2", "table"] == paper.at["UNI2", "table"]
+
+
+def test_rank_interval_golden_with_a_fixed_placed_mean():
+    """Placed at 50 pp exactly; published means over n = 9 units with SD 3 (SE 1): A at 50 (above it
+    in half the draws: not separable), B at 53 and C at 47 (three SEs away: separable). The rank is
+    2 or 3, never 1 or 4."""
+    paper = pd.DataFrame({"model": ["A", "B", "C"], "mean": [50.0, 53.0, 47.0], "sd": [3.0, 3.0, 3.0]})
+    result = rank_interval(paper, np.full(4000, 50.0), 9, np.random.default_rng(0))
+    assert (result["low"], result["high"]) == (2, 3)
+    assert result["not_separable"] == ["A"]
+
+
+def test_rank_interval_widens_with_the_placed_models_own_uncertainty():
+    """Published means known exactly (SD 0) at 10, 20, …, 50 pp; the placed model's replicates spread
+    over 15–45 pp: its rank runs from 2 to 5, and the three models inside that spread are not separable."""
+    paper = pd.DataFrame({"model": list("abcde"), "mean": [10.0, 20.0, 30.0, 40.0, 50.0], "sd": [0.0] * 5})
+    replicates = np.random.default_rng(1).uniform(15.0, 45.0, 4000)
+    result = rank_interval(paper, replicates, 11, np.random.default_rng(2))
+    assert (result["low"], result["high"]) == (2, 5)
+    assert result["not_separable"] == ["b", "c", "d"]
