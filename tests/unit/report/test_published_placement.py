@@ -84,3 +84,14 @@ def test_each_rank_has_an_interval_and_the_models_it_cannot_be_told_from(tables)
     paper_names = set(tables["published"]["model"])
     is_row = ranks[ranks["protocol"] == "IS"].iloc[0]
     assert set(is_row.not_separable.split(", ")) <= paper_names
+
+
+def test_the_rank_uses_the_replicates_the_summary_interval_is_read_from(tables):
+    from cellpath.probing.stats import condition_replicates, percentile_interval
+
+    runs = tables["runs"]
+    summary = protocol_summary(runs, "macro_f1").set_index("protocol")
+    for protocol in RAN:
+        key = ("my-vit-s16", "20x", "Nuc", "fine", protocol)
+        low, high = percentile_interval(condition_replicates(runs, "macro_f1", key))
+        assert (low, high) == (summary.at[protocol, "low"], summary.at[protocol, "high"])
