@@ -62,6 +62,21 @@ def relinked(tiny_dvc_run, tmp_path) -> Path:
     return work
 
 
+def test_stage_reruns_leave_every_cached_object_intact(relinked):
+    """A forced rerun of a stage with persistent outputs (DVC copies them out of the cache first), and
+    stages run by hand outside DVC over linked outputs (each write must make a new file, never write
+    through a link): no object of the cache changes, and the outputs are the same."""
+    before = cache_state(relinked / ".dvc" / "cache")
+    assert_intact(before)
+    out = run(["dvc", "repro", "--force", "--single-item", "fetch"], relinked)
+    assert "Running stage 'fetch'" in out
+    run(["cellpath", "ingest"], relinked)
+    run(["cellpath", "extract", "--encoder", "filterbank-dense", "--magnification", "10x"], relinked)
+    assert_intact(before)
+    status = run(["dvc", "status"], relinked)
+    assert "up to date" in status, status  # deterministic stages: the same bytes, so nothing is stale
+
+
 def test_two_checkouts_share_one_lab_cache(tiny_dvc_run, tmp_path):
     """A lab's cache on a shared filesystem: the first user moves the outputs into it, a second clone
     links them from it and `dvc repro` there reruns nothing."""
@@ -91,14 +106,9 @@ def test_two_checkouts_share_one_lab_cache(tiny_dvc_run, tmp_path):
     assert "Running stage" not in run(["dvc", "repro"], bob)
 
 
-def test_gc_then_stage_reruns_leave_every_cached_object_intact(relinked):
-    """On one relinked copy, in this order (the reruns leave rewritten outputs as files of their own):
-
-    `dvc gc --workspace` over linked outputs: an object no output uses goes, every linked output and its
-    object stay as they were, and nothing is stale or missing afterwards. Then a forced rerun of a stage
-    with persistent outputs (DVC copies them out of the cache first), and stages run by hand outside
-    DVC over linked outputs (each write must make a new file, never write through a link): no object
-    of the cache changes, and the outputs are the same."""
+def test_dvc_gc_removes_only_what_no_output_uses(relinked):
+    """`dvc gc --workspace` over linked outputs: an object no output uses goes, every linked output and
+    its object stay as they were, and nothing is stale or missing afterwards."""
     used = {cached: state for cached, state in cache_state(relinked / ".dvc" / "cache").items()
             if cached in set(cached_files(relinked).values())}
     stray = relinked / "stray.bin"
@@ -115,13 +125,3 @@ def test_gc_then_stage_reruns_leave_every_cached_object_intact(relinked):
     shutil.rmtree(relinked / "data" / "features")
     run(["dvc", "checkout"], relinked)  # every directory's manifest survived too
     assert_linked(relinked)
-
-    before = cache_state(relinked / ".dvc" / "cache")
-    assert_intact(before)
-    out = run(["dvc", "repro", "--force", "--single-item", "fetch"], relinked)
-    assert "Running stage 'fetch'" in out
-    run(["cellpath", "ingest"], relinked)
-    run(["cellpath", "extract", "--encoder", "filterbank-dense", "--magnification", "10x"], relinked)
-    assert_intact(before)
-    status = run(["dvc", "status"], relinked)
-    assert "up to date" in status, status  # deterministic stages: the same bytes, so nothing is stale
