@@ -367,7 +367,7 @@ def fit_section_costs(cells: list[int], seconds: list[float], peak_bytes: list[f
         raise ConfigError(f"{source}: a per-section cost needs sections of two sizes at least (got {sorted(set(cells))})")
     lines = []
     for values in (seconds, peak_bytes):
-        slope, intercept = _least_squares(cells, values)
+        slope, intercept = statistics.linear_regression(cells, values)
         if slope < 0 or intercept < 0:
             raise ConfigError(f"{source}: measured {values} at {cells} cells fit a line of slope {slope:.3g} and "
                               f"intercept {intercept:.3g}; a stage's cost does not fall with more cells: rerun the "
@@ -375,13 +375,6 @@ def fit_section_costs(cells: list[int], seconds: list[float], peak_bytes: list[f
         lines.append((intercept, slope))
     return SectionCosts(seconds_base=lines[0][0], seconds_per_cell=lines[0][1], heap_base_bytes=lines[1][0],
                         heap_bytes_per_cell=lines[1][1], cells=tuple(sorted(cells)), cores=cores, source=source)
-
-
-def _least_squares(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Slope and intercept of y on x."""
-    mean_x, mean_y = statistics.fmean(x), statistics.fmean(y)
-    slope = (sum((a - mean_x) * (b - mean_y) for a, b in zip(x, y)) / sum((a - mean_x) ** 2 for a in x))
-    return slope, mean_y - slope * mean_x
 
 
 # --- workers ----------------------------------------------------------------------------------------------------
