@@ -215,8 +215,9 @@ class ProbeConfig(_Strict):
     c_grid: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
     max_iter: Annotated[int, Field(ge=1, le=100_000)] = 10000 # L-BFGS iterations per (run, C) fit
     tol: Annotated[float, Field(gt=0.0, le=1e-2)] = 1e-8  # converged: largest |gradient entry| ≤ tol (sklearn's tol)
-    #: design memory of one group of probe fits (MiB), or "auto": half the worker's available memory when
-    #: the fits start; a larger training set is stored once in a file in TMPDIR and streamed from there
+    #: design memory of one group of probe fits (MiB): tasks are grouped within it and a group is held within
+    #: it, else stored once in a file in TMPDIR and streamed from there (the same result). "auto": grouped
+    #: within 1,024 MiB on any machine, held within half the worker's available memory when the fits start
     batch_memory_mb: Annotated[int, Field(ge=16, le=1_000_000)] | Literal["auto"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default

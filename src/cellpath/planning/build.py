@@ -24,7 +24,7 @@ from cellpath.planning.paper import overrides, paper_comparison, paper_params, p
 from cellpath.planning.workload import (extract_jobs, extracted_sections, feature_rows, panel_summary,
                                         patch_cache_bytes, probe_counts, probe_workload, robustness_workload,
                                         staged_sections)
-from cellpath.probing.fit import probe_budget_mb
+from cellpath.probing.fit import group_budget_mb, probe_budget_mb
 from cellpath.runtime.costs import COSTS_PATH, Iterations, load_costs, pilot_iterations
 from cellpath.runtime.planning import (Workload, gpu_node_summary, not_estimated, stage_estimates, this_machine,
                                        week_summary)
@@ -129,7 +129,7 @@ def build_plan(params: Params, data_dir: Path, preset: str = "current", *,
         probe_budget_mb=probe_budget_mb(params.probe.batch_memory_mb, worker_memory),
         c_grid_size=len(params.probe.c_grid),
         full_max_cells=params.robustness.full_max_cells, anchors=params.robustness.anchors,
-        section_cells=staged["cells"])
+        section_cells=staged["cells"], probe_group_mb=group_budget_mb(params.probe.batch_memory_mb))
     estimates = stage_estimates(model, work, iterations)
     raw = raw_bytes(params, data_dir, preset, [s["section_id"] for s in sections])
     patch_bytes = patch_cache_bytes(encoders, features) if params.extract.patch_cache else 0

@@ -2,7 +2,7 @@
 
 A *group* is T tasks with the same number of classes K: each task's training rows, stored once as
 read (:class:`Design`: float16 where the rows are float16 values, else float32; held in memory, or
-— one task larger than the memory budget — in a memory-mapped file) and standardised with the
+— a group larger than the memory budget — in a memory-mapped file) and standardised with the
 task's own scaler chunk by chunk at every product; rows past a task's own count weigh nothing. The
 weights of every task and candidate C are one ``(T, L, D + 1, K)`` tensor, so one batched matrix
 product serves all T·L fits.
@@ -32,11 +32,15 @@ is how it gets there:
 
 The same code runs on the CPU and on CUDA (torch). A task's iterates depend on its group only
 through float32 rounding in the batched products, far below the tolerance (tests: chosen C and
-Macro-F1 equal alone and in a full run), and not at all on whether its design is held or streamed.
+Macro-F1 equal alone and in a full run) — groups are formed by a fixed rule, so the same tasks meet
+the same company on any machine — and not at all on whether its design is held or streamed, nor
+on the CPU threads (the products are the same on any thread count; the preconditioner's LAPACK
+calls run on one thread).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -106,7 +110,7 @@ class Design:
 
     Storage: ``(T, n, D)`` raw feature rows, float16 where every value is a float16 (the feature
     store's rows: half the memory, nothing lost), else float32; rows past a task's own count are zero
-    and weigh nothing. A group within the memory budget is held in memory; one task larger than it
+    and weigh nothing. A group within the memory budget is held in memory; a group larger than it
     (``stream``) is written once to a memory-mapped file in ``work_dir`` (the system's temporary
     folder by default: ``TMPDIR``) and read back from there. Every product reads the same
     ``PRODUCT_ROWS`` chunks in the same order whether held or mapped, so a task's fits are bit for
@@ -118,8 +122,6 @@ class Design:
 
     def __init__(self, source: RowSource, rows: list[np.ndarray], device: str, *, stream: bool = False,
                  work_dir: str | os.PathLike | None = None, read_rows: int = BUILD_ROWS) -> None:
-        if stream and len(rows) != 1:
-            raise ValueError("only a design of one task is streamed")
         self.rows, self.device, self.width = rows, device, source.width
         self.n = max(len(r) for r in rows)
         self.counts = torch.tensor([len(r) for r in rows], dtype=torch.float64, device=device)
@@ -326,15 +328,33 @@ def preconditioner(design: Design, n_classes: int) -> Preconditioner:
 
 def _eigenpairs(x: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top ``r`` eigenvectors (D, r) and eigenvalues (r,) of XᵀX/m from a task's sample rows ``x``
-    (m, D), and the mean of its other eigenvalues (a scalar)."""
+    (m, D), and the mean of its other eigenvalues (a scalar). The QR and eigen-decompositions and
+    the trace run on one CPU thread: LAPACK's and a whole-tensor sum's rounding change with the
+    thread count, and a fit's path with them (the products are the same on any thread count)."""
     m, d = x.shape
     basis = torch.from_numpy(np.random.default_rng(0).standard_normal((d, r)).astype(np.float32)).to(x.device)
     for _ in range(POWER_STEPS + 1):
-        basis = torch.linalg.qr((x.T @ (x @ basis)).to(torch.float64))[0].to(torch.float32)
+        product = (x.T @ (x @ basis)).to(torch.float64)
+        with one_cpu_thread():
+            basis = torch.linalg.qr(product)[0].to(torch.float32)
     projected = (x @ basis).to(torch.float64)
-    top, vectors = torch.linalg.eigh(projected.T @ projected / m)
-    rest = ((x.square().sum(dtype=torch.float64) / m - top.sum()) / max(d - r, 1)).clamp(min=0.0)
+    gram = projected.T @ projected / m
+    with one_cpu_thread():
+        top, vectors = torch.linalg.eigh(gram)
+        trace = x.square().sum(dtype=torch.float64)
+    rest = ((trace / m - top.sum()) / max(d - r, 1)).clamp(min=0.0)
     return basis.to(torch.float64) @ vectors, top.clamp(min=0.0), rest
+
+
+@contextlib.contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Torch's CPU work (its own kernels and MKL's) on one thread inside, the thread count restored after."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 @dataclass

@@ -21,8 +21,16 @@ result does not depend on the tasks beside it beyond float32 rounding (docs/deci
 
 Memory: the features come from a row source (``take(rows)``, e.g. the memory-mapped feature store),
 never as one panel matrix. A group's training rows are stored once (``engine.Design``) and held in
-memory when they fit ``batch_memory_mb`` (``design_row_bytes``), else written to a file in the work
-folder and streamed from there, with the same result; validation and test rows are scored in chunks.
+memory when they fit the memory budget (``batch_memory_mb``; ``design_row_bytes`` per padded row),
+else written to a file in the work folder and streamed from there, with the same result; validation
+and test rows are scored ``SCORE_ROWS`` at a time.
+
+What a result may depend on: the tasks, the features and the settings — never the memory or the
+threads the fits found. Groups are formed within a fixed design size (``group_budget_mb``: the
+number ``batch_memory_mb`` sets, or ``AUTO_GROUP_MB`` for ``"auto"``), so the same tasks form the
+same groups on any machine; the available memory only decides whether a group is held or streamed,
+which changes no bit. Scoring chunks are a fixed number of rows, and the preconditioner's LAPACK
+calls run on one thread (``engine``), so one thread or many give the same bits (docs/decisions/0047).
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
 DEFAULT_TOL = 1e-8        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
 DEFAULT_MAX_ITER = 10000  # L-BFGS iterations per fit; a fit that reaches it is recorded as not converged
 MAX_PADDING = 0.25        # a group pads its smallest task by at most this share of the largest
-AUTO_MEMORY_SHARE = 0.5   # probe.batch_memory_mb: auto takes this share of the worker's available memory
+AUTO_MEMORY_SHARE = 0.5   # probe.batch_memory_mb: auto holds a group's design within this share of available memory
+AUTO_GROUP_MB = 1024      # probe.batch_memory_mb: auto groups tasks within this design size (MiB), on any machine
+SCORE_ROWS = 4096         # validation/test rows scored per product (a fixed chunking: the same bits on any machine)
 
 
 @dataclass(frozen=True)
@@ -133,30 +143,32 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
     ``y`` holds class indices 0..n_classes-1 (any value on rows no task uses). Every (task, C) fit
     stops on its own test (``engine.fit_group``); ``ProbeResult.converged`` says whether every C's
     largest |gradient entry|, recomputed in float64 at its returned weights, is ≤ ``tol``.
-    ``batch_memory_mb``: the design of a group of tasks (``design_row_bytes`` per padded row), or
-    ``"auto"``: half the memory this worker has available now (:func:`probe_budget_mb` of psutil's
-    ``available``, which counts reclaimable page cache); a task larger than it alone is stored once in a file in
-    ``work_dir`` (default: the system's temporary folder) and streamed from there; held or streamed,
-    its fits are the same to the bit. ``fit_seconds``: the group's wall time shared equally by its
-    tasks. ``c_grid`` must be strictly ascending (ValueError before any fit).
+    ``batch_memory_mb`` (MiB): tasks are grouped within :func:`group_budget_mb` of it, and a group's
+    design (``design_row_bytes`` per padded row) is held in memory within :func:`probe_budget_mb` of
+    it — for ``"auto"``, half the memory this worker has available now (psutil's ``available``,
+    which counts reclaimable page cache) — else stored once in a file in ``work_dir`` (default: the
+    system's temporary folder) and streamed from there; held or streamed, its fits are the same to
+    the bit. ``fit_seconds``: the group's wall time shared equally by its tasks. ``c_grid`` must be
+    strictly ascending (ValueError before any fit).
     """
     check_c_grid(c_grid)
     source = InMemoryRows(x) if isinstance(x, np.ndarray) else x
     y = np.asarray(y, dtype=np.int64)
-    budget = int(probe_budget_mb(batch_memory_mb, psutil.virtual_memory().available) * 1024**2)
+    group_budget = int(group_budget_mb(batch_memory_mb) * 1024**2)
+    memory_budget = int(probe_budget_mb(batch_memory_mb, psutil.virtual_memory().available) * 1024**2)
     results: list[ProbeResult | None] = [None] * len(tasks)
     by_classes: dict[int, list[int]] = {}
     for i, task in enumerate(tasks):
         by_classes.setdefault(len(task.classes), []).append(i)
     for k, positions in sorted(by_classes.items()):
         row_bytes = design_row_bytes(source.width, len(c_grid) * k)
-        chunk_rows = max(1, budget // row_bytes)
-        for group in task_groups([tasks[i] for i in positions], row_bytes, budget):
+        for group in task_groups([tasks[i] for i in positions], row_bytes, group_budget):
             started = time.perf_counter()
             members = [tasks[positions[g]] for g in group]
-            stream = len(members) == 1 and len(members[0].train) > chunk_rows
-            with Design(source, [task.train for task in members], device, stream=stream, work_dir=work_dir,
-                        read_rows=min(chunk_rows, BUILD_ROWS)) as design:
+            padded_rows = len(members) * max(len(task.train) for task in members)
+            with Design(source, [task.train for task in members], device,
+                        stream=padded_rows * row_bytes > memory_budget, work_dir=work_dir,
+                        read_rows=min(max(1, memory_budget // (len(members) * row_bytes)), BUILD_ROWS)) as design:
                 problem = group_problem(design, y, members, tuple(c_grid))
                 fit = fit_group(design, problem, k, tol=tol, max_iter=max_iter)
                 scalers = design.scalers
@@ -164,7 +176,7 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
             for t, task in enumerate(members):
                 weights = torch.zeros(len(c_grid), source.width + 1, n_classes, dtype=torch.float64)
                 weights[:, :, torch.from_numpy(task.classes)] = fit.weights[t].cpu()
-                scored.append((_score_task(source, y, task, weights, scalers[t], c_grid, chunk_rows),
+                scored.append((_score_task(source, y, task, weights, scalers[t], c_grid),
                                int(fit.iterations[t].max()), bool(fit.converged[t].all())))
             share = (time.perf_counter() - started) / len(members)
             for g, ((chosen, tied, val_f1, scores, pred, confidence), iterations, converged) in zip(group, scored):
@@ -174,9 +186,16 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
 
 
 def probe_budget_mb(setting: int | str, available_bytes: float) -> float:
-    """``probe.batch_memory_mb`` in MiB: the number, or for ``"auto"`` ``AUTO_MEMORY_SHARE`` of
-    ``available_bytes`` (at least 16)."""
+    """Memory a group's design may take in MiB (held within it, else streamed): ``probe.batch_memory_mb``'s
+    number, or for ``"auto"`` ``AUTO_MEMORY_SHARE`` of ``available_bytes`` (at least 16)."""
     return float(setting) if setting != "auto" else max(16.0, AUTO_MEMORY_SHARE * available_bytes / 1024**2)
+
+
+def group_budget_mb(setting: int | str) -> float:
+    """Design size a group of tasks is formed within, in MiB: ``probe.batch_memory_mb``'s number, or
+    ``AUTO_GROUP_MB`` for ``"auto"`` — never the memory available, so that the same tasks form the
+    same groups, and give the same results, on any machine."""
+    return float(setting) if setting != "auto" else float(AUTO_GROUP_MB)
 
 
 def group_problem(design: Design, y: np.ndarray, tasks: list[ProbeTask], c_grid: tuple[float, ...]) -> GroupProblem:
@@ -197,28 +216,27 @@ def group_problem(design: Design, y: np.ndarray, tasks: list[ProbeTask], c_grid:
 
 
 def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.ndarray, np.ndarray],
-                         weights: torch.Tensor, classes: np.ndarray, chunk_rows: int) -> np.ndarray:
-    """(L, n, len(classes)) softmax over the task's classes for every candidate, read in chunks of rows."""
+                         weights: torch.Tensor, classes: np.ndarray) -> np.ndarray:
+    """(L, n, len(classes)) softmax over the task's classes for every candidate, ``SCORE_ROWS`` rows at a time."""
     columns = weights[:, :, torch.as_tensor(classes, device=weights.device)]
     parts = []
-    for _, chunk in chunks(rows, chunk_rows):
+    for _, chunk in chunks(rows, SCORE_ROWS):
         design = torch.from_numpy(design_block(source.take(chunk), scaler, np.float64)).to(weights.device)
         parts.append(torch.softmax(design @ columns, dim=-1).cpu().numpy())
     return np.concatenate(parts, axis=1) if parts else np.zeros((weights.shape[0], 0, len(classes)))
 
 
 def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
-                scaler: tuple[np.ndarray, np.ndarray], c_grid: tuple[float, ...],
-                chunk_rows: int) -> tuple[float, int, float, tuple, np.ndarray, np.ndarray]:
+                scaler: tuple[np.ndarray, np.ndarray],
+                c_grid: tuple[float, ...]) -> tuple[float, int, float, tuple, np.ndarray, np.ndarray]:
     """Select C on validation Macro-F1 (``select_c``) and score the test cells: (C, how many Cs tied,
     its validation Macro-F1 as a float, the test scores, each test cell's predicted class index and
     that class's probability)."""
     with torch.no_grad():
-        val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes, chunk_rows)
+        val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes)
         selection = select_c(y[task.val], [task.classes[p.argmax(axis=1)] for p in val_prob], task.classes, c_grid)
         best = selection.position
-        test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes,
-                                         chunk_rows)[0]
+        test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes)[0]
     scores = macro_scores(y[task.test], test_prob, task.classes)
     return (float(c_grid[best]), selection.tied, float(selection.macro_f1), scores,
             task.classes[test_prob.argmax(axis=1)], test_prob.max(axis=1))

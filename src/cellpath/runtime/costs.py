@@ -265,25 +265,28 @@ def probe_fit_seconds(costs: ProbeCosts, *, n_train: int, n_val: int, n_test: in
                       + (n_train + n_val + n_test) * costs.seconds_per_pass[mode])
 
 
-def probe_fit_bytes(n_train: int, row_bytes: int, state_bytes: int, budget_mb: float, tasks: int = 1) -> float:
-    """Working bytes of a fit: held, its design and fit state (``row_bytes`` per row) for each of the
-    ``tasks`` of its size a group stacks within the budget; streamed, one chunk of the budget's design
+def probe_fit_bytes(n_train: int, row_bytes: int, state_bytes: int, budget_mb: float, tasks: int = 1,
+                    group_mb: float | None = None) -> float:
+    """Working bytes of a fit's group: the ``tasks`` of its size a group stacks within ``group_mb``
+    (default ``budget_mb``; ``probing.fit.group_budget_mb``), ``row_bytes`` per row of each. Held
+    (within ``budget_mb``): their designs and fit state; streamed: one chunk of the budget's design
     rows and the fit state of every row (``state_bytes`` per row: the float64 logits and their
     line-search companions, kept whole so that a trial step needs no read)."""
-    budget = int(budget_mb * 1024**2)
-    if probe_mode(n_train, row_bytes, budget_mb) == "in_memory":
-        task_bytes = n_train * row_bytes
-        return task_bytes * min(max(tasks, 1), max(1, budget // max(task_bytes, 1)))
+    budget, task_bytes = int(budget_mb * 1024**2), n_train * row_bytes
+    stacked = min(max(tasks, 1), max(1, int((budget_mb if group_mb is None else group_mb) * 1024**2)
+                                    // max(task_bytes, 1)))
+    if stacked * task_bytes <= budget:
+        return stacked * task_bytes
     chunk_rows = max(1, budget // row_bytes)
-    return chunk_rows * (row_bytes - state_bytes) + n_train * state_bytes
+    return chunk_rows * (row_bytes - state_bytes) + stacked * n_train * state_bytes
 
 
 def probe_heap_bytes(costs: ProbeCosts, n_panel_cells: int, budget_mb: float, *, n_train: int,
-                     row_bytes: int, state_bytes: int, tasks: int = 1) -> float:
+                     row_bytes: int, state_bytes: int, tasks: int = 1, group_mb: float | None = None) -> float:
     """Peak heap of a probe worker: the fixed part, the panel's cell table, and the largest group's
     working bytes (:func:`probe_fit_bytes`)."""
     return (costs.heap_base_bytes + costs.heap_bytes_per_cell * n_panel_cells
-            + probe_fit_bytes(n_train, row_bytes, state_bytes, budget_mb, tasks))
+            + probe_fit_bytes(n_train, row_bytes, state_bytes, budget_mb, tasks, group_mb))
 
 
 # --- robustness -------------------------------------------------------------------------------------------------

@@ -50,11 +50,12 @@ class Workload:
     probe_shapes: list[dict]
     robustness_units: list[dict]
     n_panel_cells: int
-    probe_budget_mb: float
+    probe_budget_mb: float  # a probe group's design held within it, else streamed (probing.fit.probe_budget_mb)
     c_grid_size: int
     full_max_cells: int
     anchors: int
     section_cells: list[int] = field(default_factory=list)  # cells of every section ingest, annotate, concordance read
+    probe_group_mb: float | None = None  # tasks grouped within it (probing.fit.group_budget_mb); None: probe_budget_mb
 
 
 def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob, reading: SectionCosts | None = None) -> dict:
@@ -98,7 +99,8 @@ def probe_estimate(costs: ProbeCosts, device: str, work: Workload, iterations: I
             "core_seconds": totals[0], "core_seconds_range": totals[1:],
             "peak_memory_bytes": max(probe_heap_bytes(costs, work.n_panel_cells, work.probe_budget_mb,
                                                       n_train=row["n_train"], row_bytes=row["row_bytes"],
-                                                      state_bytes=row["state_bytes"], tasks=row["runs"])
+                                                      state_bytes=row["state_bytes"], tasks=row["runs"],
+                                                      group_mb=work.probe_group_mb)
                                      for row in work.probe_shapes),
             "disk_bytes": None,
             "source": f"{table.describe()} (its {work.c_grid_size} Cs together); {costs.source}"}

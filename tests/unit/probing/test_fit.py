@@ -231,6 +231,61 @@ def test_a_task_scores_the_same_alone_and_in_two_different_groups():
         assert set(np.unique(result.test_pred)) <= set(task.classes)  # never predicts an unscored class
 
 
+def _same_bits(a, b) -> None:
+    for p, q in zip(a, b, strict=True):
+        assert (p.chosen_c, p.tied_cs, p.iterations, p.converged) == (q.chosen_c, q.tied_cs, q.iterations, q.converged)
+        for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
+            assert getattr(p, metric) == getattr(q, metric), metric
+        assert np.array_equal(p.test_pred, q.test_pred) and np.array_equal(p.test_confidence, q.test_confidence)
+
+
+def test_the_cpu_threads_change_no_bit():
+    """One CPU thread or two: the same fits to the bit (LAPACK's QR and eigh, and a whole-tensor sum,
+    round differently on two threads: the preconditioner runs them on one)."""
+    import torch
+
+    x, y = _data(31, 3000, k=5, d=96)
+    tasks = _tasks(y, (700, 800), ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4]))
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fit_tasks(x, y, 5, tasks)
+        torch.set_num_threads(2)
+        two = fit_tasks(x, y, 5, tasks)
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.get_num_threads() == saved
+    _same_bits(one, two)
+
+
+def test_the_memory_available_changes_no_bit(monkeypatch, tmp_path):
+    """``"auto"`` forms groups within ``AUTO_GROUP_MB`` whatever the memory: with 16 MiB to hold
+    designs in, the four tasks' 21 MB group is streamed from a file, not split, and every result
+    is the same to the bit as with the memory this machine has."""
+    from types import SimpleNamespace
+
+    from cellpath.probing import fit as fit_module
+    from cellpath.probing.fit import design_row_bytes
+
+    x, y = _data(32, 14000, k=3, d=256)
+    tasks = _tasks(y, (3000, 3100, 3200, 3300), ([0, 1, 2],) * 4)
+    assert 4 * 3300 * design_row_bytes(256, 3 * len(DEFAULT_C_GRID)) > 16 * 1024**2
+    designs = []
+
+    class Recorded(fit_module.Design):
+        def close(self):
+            designs.append((len(self.rows), self.streamed))
+            super().close()
+
+    monkeypatch.setattr(fit_module, "Design", Recorded)
+    plenty = fit_tasks(x, y, 3, tasks, batch_memory_mb="auto", work_dir=tmp_path)
+    monkeypatch.setattr(fit_module.psutil, "virtual_memory", lambda: SimpleNamespace(available=1024**2))
+    scarce = fit_tasks(x, y, 3, tasks, batch_memory_mb="auto", work_dir=tmp_path)
+    assert designs == [(4, False), (4, True)]
+    _same_bits(plenty, scarce)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_groups_respect_classes_memory_and_padding():
     from cellpath.probing.fit import ProbeTask, task_groups
 

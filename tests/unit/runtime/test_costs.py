@@ -48,6 +48,10 @@ def test_probe_heap_holds_a_streamed_fits_state_for_every_row_and_one_chunk_of_i
         == pytest.approx(5e8 + 83 * 1_000 * 6_420)
     assert probe_heap_bytes(PROBE, 0, 512, n_train=1_000, row_bytes=row_bytes, state_bytes=state, tasks=3) \
         == pytest.approx(5e8 + 3 * 1_000 * 6_420)
+    # grouped within 1,024 MiB ("auto" on any machine: 167 tasks, 1.07 GB of designs) but held within
+    # 512 MiB: the group is streamed, its 167 tasks' fit state held for every row
+    assert probe_heap_bytes(PROBE, 0, 512, n_train=1_000, row_bytes=row_bytes, state_bytes=state, tasks=500,
+                            group_mb=1024) == pytest.approx(5e8 + chunk_rows * 4 * 1_281 + 167 * 1_000 * 1_296)
 
 
 def test_robustness_is_quadratic_to_the_threshold_then_anchors_times_n():
