@@ -342,10 +342,12 @@ def cell_representation_transferability(wins: pd.DataFrame, *, taxonomy: str = "
 
 def taxonomy_rank_agreement(summary: pd.DataFrame, *, protocol: str, readout: str = "Nuc",
                             magnification: str = "20x") -> float:
-    """Spearman correlation of model means between the fine and coarse taxonomies."""
+    """Spearman correlation of model means between the fine and coarse taxonomies (NaN with fewer than
+    three models scored under both, e.g. when a taxonomy's runs were all skipped by the class gates)."""
     chosen = summary[(summary["protocol"] == protocol) & (summary["readout"] == readout)
                      & (summary["magnification"] == magnification)]
-    table = chosen.pivot_table(index="model", columns="taxonomy", values="mean", aggfunc="first").dropna()
+    table = chosen.pivot_table(index="model", columns="taxonomy", values="mean", aggfunc="first")
+    table = table.reindex(columns=["fine", "coarse"]).dropna()
     if len(table) < 3:
         return float("nan")
     return float(scipy_stats.spearmanr(table["fine"], table["coarse"]).statistic)

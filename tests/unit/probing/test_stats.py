@@ -120,6 +120,8 @@ def test_taxonomy_rank_agreement():
         "readout": "Nuc", "magnification": "20x", "mean": [0.5, 0.6, 0.7, 0.8, 0.6, 0.7, 0.9, 0.8],
     })
     assert taxonomy_rank_agreement(summary, protocol="is") == pytest.approx(0.8)
+    # Tfine's runs all skipped by the class gates: no agreement to compute, not an error
+    assert np.isnan(taxonomy_rank_agreement(summary[summary["taxonomy"] == "coarse"], protocol="is"))
 
 
 # --- significance tests over (unit, seed) pairs (docs/decisions/0016) -----------------------------------
