@@ -133,7 +133,8 @@ def _report(args: argparse.Namespace) -> None:
 def _validate(args: argparse.Namespace) -> None:
     from cellpath.stages.validate import run
 
-    print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None, preset=args.preset))
+    print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None, preset=args.preset,
+              models=args.models))
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -236,7 +237,8 @@ def _references_arguments(parser: argparse.ArgumentParser) -> None:
 
 PRESET_HELP = {
     "validate": "paper: the readiness of the paper's panel (the manifest's panel_s25 sections, the paper's "
-                "configuration); placement: the same panel for extract.encoders at the headline condition; "
+                "configuration); placement: the same panel at the headline condition for the encoders of --models "
+                "(else extract.encoders); "
                 "source: 10x shows its panel's readiness as well",
     "plan": "paper: the paper's 30 encoders, 3 magnifications, S25 panel and seeds; placement: the paper's "
             "configuration at its headline condition (20×, Nuc, Tfine) for the encoders of --models (else "
@@ -266,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")
         if name == "validate":
             stage.add_argument("--record", help="on success write this file (the validate stage's DVC output)")
+            stage.add_argument("--models", nargs="+", metavar="SLUG",
+                               help="with --preset paper or placement: check these encoders (registry slugs) "
+                                    "instead of the configuration's")
         if name == "encoders":
             stage.add_argument("action", choices=["list", "check"])
             stage.add_argument("name", nargs="?", help="check: the registry slug or name")

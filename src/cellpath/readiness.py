@@ -105,16 +105,19 @@ class PanelReadiness:
         return bool(self.sections) and not self.problems and all(s.ready for s in self.sections)
 
 
-def paper_panel_params(params: Params, root: Path = Path("."), *,
-                       placement: bool = False) -> tuple[Params, list[str]]:
+def paper_panel_params(params: Params, root: Path = Path("."), *, placement: bool = False,
+                       encoders: list[str] | None = None) -> tuple[Params, list[str]]:
     """The paper's configuration (:func:`paper_params`; ``placement``: :func:`placement_params`, for
-    ``params``' encoders at the headline condition) on the manifest's ``panel_s25`` sections, and a
+    ``params``' encoders at the headline condition; ``encoders``: these slugs instead of the
+    configuration's) on the manifest's ``panel_s25`` sections, and a
     note per setting of ``params`` left out because it names sections outside that panel (the simulated
     run's ``annotate.references`` entries, or its shortcut probe's ``train_levels``: that probe is then
     not checked)."""
     from cellpath.planning.paper import paper_params, placement_params
 
     data = (placement_params(params) if placement else paper_params(params)).model_dump(mode="json")
+    if encoders:
+        data["extract"]["encoders"] = list(encoders)
     rows = [s for s in read_manifest(root / params.tenx.manifest) if s.panel_s25]
     data["tenx"]["sections"] = [s.section_id for s in rows]
     notes = []

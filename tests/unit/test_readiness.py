@@ -223,6 +223,22 @@ def test_placement_preset_checks_the_paper_panel_for_the_users_encoders(monkeypa
     assert "leave out --preset placement" in capsys.readouterr().err
 
 
+def test_placement_preset_checks_the_encoders_of_models(monkeypatch, tmp_path, capsys):
+    """`--models`: the placement's encoders named on the command line; one without weights here is the
+    configuration's problem, named; --models without a paper-panel preset is refused."""
+    monkeypatch.chdir(PROJECT_ROOT)
+    assert main(["validate", "--preset", "placement", "--models", "filterbank-dense", "--data-dir",
+                 str(tmp_path / "data")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].endswith("(the paper's at its headline condition) for filterbank-dense")
+    assert not any("of the configuration's" in line for line in lines)
+    assert main(["validate", "--preset", "placement", "--models", "uni2", "--data-dir", str(tmp_path / "data")]) == 2
+    text = capsys.readouterr().err
+    assert "for uni2" in text and "1 of the configuration's 1 encoders cannot run here (uni2)" in text
+    assert main(["validate", "--models", "uni2"]) == 2
+    assert "--models chooses the encoders of --preset paper or placement" in capsys.readouterr().err
+
+
 def test_paper_panel_params_leave_out_what_names_simulated_sections(monkeypatch):
     monkeypatch.chdir(PROJECT_ROOT)
     data = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())

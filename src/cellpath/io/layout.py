@@ -168,6 +168,12 @@ def robustness_metrics_json(reports: Path) -> Path:
     return Path(reports) / "robustness_metrics.json"
 
 
+def placement_metrics_json(reports: Path) -> Path:
+    """The report stage's DVC metrics, this run's models against the paper's 30:
+    ``reports/placement_metrics.json``."""
+    return Path(reports) / "placement_metrics.json"
+
+
 def report_html(reports: Path) -> Path:
     """The HTML report: ``reports/index.html``."""
     return Path(reports) / "index.html"

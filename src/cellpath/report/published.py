@@ -39,6 +39,30 @@ def published_tables(inputs: ReportInputs, headline: str) -> dict[str, tuple[Tab
     return out
 
 
+def placement_metrics(built: dict[str, tuple[Table, pd.DataFrame]], slugs: dict[str, str],
+                      reasons: list[str]) -> dict:
+    """The headline placement for ``dvc metrics`` and MLflow, read from :func:`published_tables`'
+    frames: ``comparable``, ``not_comparable`` (the reasons; empty when comparable) and per model of
+    this run (registry slug; ``slugs``: display name → slug) and protocol it ran (IS, IOCD, MOCV,
+    LOOO) its ``mean`` (pp, 2 decimals) and, for a comparable run, its ``rank`` with the 95 %
+    interval's ``rank_low`` and ``rank_high``."""
+    out: dict = {"condition": f"{CONDITION}, {PAPER_PANEL}", "comparable": not reasons,
+                 "not_comparable": list(reasons)}
+    if "published_rank_intervals" in built:
+        for name, row in built["published_rank_intervals"][1].iterrows():
+            out.setdefault(slugs[name], {})[row["protocol"]] = {
+                "mean": round(float(row["mean"]), 2), "rank": int(row["rank"]), "rank_low": int(row["rank_low"]),
+                "rank_high": int(row["rank_high"])}
+    elif "published_this_run" in built:
+        labels = [PROTOCOL_LABELS[p] for p in PROTOCOLS]
+        for name, row in built["published_this_run"][1].iterrows():
+            means = {label: {"mean": round(float(row[label]), 2)} for label in labels
+                     if label in row.index and pd.notna(row[label])}
+            if means:
+                out[slugs[name]] = means
+    return out
+
+
 def _paper_tables(published: pd.DataFrame, protocols: list[str], headline: str) -> str:
     """The paper's tables the headline condition's values come from, e.g. '15, 87, 105, 123' ('–': none)."""
     sources = sorted({int(t) for p in protocols for t in published_condition(

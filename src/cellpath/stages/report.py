@@ -5,7 +5,9 @@ Reads only what earlier stages wrote (``reports/probe/*.csv``, ``reports/probe/r
 and, for the H&E thumbnails, the ingested sections), so every number on the page comes from the
 run tables. Writes ``reports/index.html`` (images inlined), ``reports/tables/`` (one CSV with the
 numbers and one Markdown file with what the page shows, per table) and ``reports/figures/`` (PNG),
-each folder replaced atomically. Domain code: :mod:`cellpath.report`.
+each folder replaced atomically, and ``reports/placement_metrics.json`` (this run's models against
+the paper's 30: DVC metrics, and the metrics of the stage's MLflow run). Domain code:
+:mod:`cellpath.report`.
 """
 
 from __future__ import annotations
@@ -20,21 +22,24 @@ from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.features.encoders.registry import selected_encoders
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import (gallery_index_json, label_summary_csv, panels_csv, probe_counts_json,
-                                probe_runs_parquet, probe_table_csv, raw_dir, report_figure_png, report_figures,
-                                report_html, report_pareto_png, report_table_csv, report_table_md, report_tables,
-                                report_thumbnail_png, robustness_margins_parquet, robustness_table_csv)
+from cellpath.io.layout import (gallery_index_json, label_summary_csv, panels_csv, placement_metrics_json,
+                                probe_counts_json, probe_runs_parquet, probe_table_csv, raw_dir, report_figure_png,
+                                report_figures, report_html, report_pareto_png, report_table_csv, report_table_md,
+                                report_tables, report_thumbnail_png, robustness_margins_parquet,
+                                robustness_table_csv, stage_log)
 from cellpath.io.sections import read_section_index
 from cellpath.published import load_published
+from cellpath.published.reference import comparability
 from cellpath.report import figures
 from cellpath.report.inputs import (MARGIN_COLUMNS, PROBE_TABLES, ROBUSTNESS_TABLES, ReportInputs, evaluated_panel,
                                     registry_table, run_configuration)
 from cellpath.report.page import PageImages, page_context
 from cellpath.report.page_figures import build_figures, pareto_figures
+from cellpath.report.published import placement_metrics
 from cellpath.report.render import render_html
 from cellpath.report.sections import Built, build_tables
 from cellpath.report.thumbnails import section_thumbnail
-from cellpath.runtime.tracking import provenance_tags
+from cellpath.runtime.tracking import Tracker, flat_metrics, provenance_tags
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +87,28 @@ def thumbnails(params: Params, data_dir: Path, panels: pd.DataFrame, colours: di
 
 
 def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> Path:
-    """report: read the stage outputs, write index.html, tables/ and figures/; returns the page's path."""
+    """report: read the stage outputs, write index.html, tables/ and figures/, and the placement among
+    the paper's 30 as DVC metrics (``reports/placement_metrics.json``) and on the stage's MLflow run;
+    returns the page's path."""
     data_dir, reports = Path(data_dir), Path(reports)
     magnifications = params.stage_magnifications(params.probe.magnifications)
-    inputs = load_inputs(params, data_dir, reports)
-    built = build_tables(inputs, magnifications, params.panel)
-    numeric = {name: frame for name, (_, frame) in built.items()}
-    colours = figures.class_colours(list(numeric["class_counts"].columns))
-    images = PageImages(build_figures(inputs, magnifications, numeric, colours), pareto_figures(numeric["robustness"]),
-                        thumbnails(params, data_dir, inputs.panels, colours))
-    html = render_html(page_context(params, inputs, built, magnifications, images, provenance_tags(root or Path.cwd())))
-    write_report(reports, html, built, images)
+    with Tracker(params.mlflow, "report", root, stage_log(reports, "report")) as tracker:
+        inputs = load_inputs(params, data_dir, reports)
+        built = build_tables(inputs, magnifications, params.panel)
+        numeric = {name: frame for name, (_, frame) in built.items()}
+        colours = figures.class_colours(list(numeric["class_counts"].columns))
+        images = PageImages(build_figures(inputs, magnifications, numeric, colours),
+                            pareto_figures(numeric["robustness"]), thumbnails(params, data_dir, inputs.panels, colours))
+        html = render_html(page_context(params, inputs, built, magnifications, images,
+                                        provenance_tags(root or Path.cwd())))
+        placed = placement_metrics(built, dict(zip(inputs.registry["name"], inputs.registry["slug"])),
+                                   comparability(inputs.run_configuration))
+        write_report(reports, html, built, images)
+        with atomic_output(placement_metrics_json(reports)) as tmp:
+            tmp.write_text(json.dumps(placed, indent=2) + "\n")
+        tracker.finish({"placement.comparable": placed["comparable"],
+                        "placement.not_comparable": "; ".join(placed["not_comparable"])},
+                       flat_metrics({k: v for k, v in placed.items() if isinstance(v, dict)}, "placement/"))
     log.info("report: %s (%d tables, %d figures, %d thumbnails, %.1f MB)", report_html(reports), len(built),
              len(images.figures) + len(images.paretos), len(images.thumbnails), len(html) / 1e6)
     return report_html(reports)

@@ -2,7 +2,7 @@
 (docs/decisions/0014); its record ``data/validated.json`` is a dependency of every other stage.
 
 For ``source: 10x``, and for the paper's panel (``--preset paper``, or ``--preset placement``: that
-panel for ``extract.encoders`` at the headline condition), it shows the panel's readiness:
+panel at the headline condition; ``--models``: for these encoders), it shows the panel's readiness:
 per section what is in place and the one action each gap needs (:mod:`cellpath.readiness`)."""
 
 from __future__ import annotations
@@ -19,18 +19,23 @@ from cellpath.vocabulary import PAPER_PANEL_PRESETS
 NOTHING_REMOVED = "no stage has run or removed anything"
 
 
-def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: str = "current") -> str:
+def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: str = "current",
+        models: list[str] | None = None) -> str:
     """Raise ConfigError listing every problem at once (for a 10x panel: its readiness table); else
-    write ``record`` (when given) and return what was validated."""
+    write ``record`` (when given) and return what was validated. ``models`` (registry slugs): with a
+    paper-panel preset, the encoders checked instead of the configuration's."""
     if preset in PAPER_PANEL_PRESETS and record is not None:
         raise ConfigError("--record is the validate stage's output, which checks params.yaml as it is; "
                           f"leave out --preset {preset} there")
+    if models and preset not in PAPER_PANEL_PRESETS:
+        raise ConfigError(f"--models chooses the encoders of --preset {' or '.join(PAPER_PANEL_PRESETS)}; "
+                          "for params.yaml as it is, set extract.encoders")
     params, problems = read_params(params_path)
     root = Path(".")
     if params is not None and not problems and (preset in PAPER_PANEL_PRESETS or params.source == "10x"):
         paper, notes = preset in PAPER_PANEL_PRESETS, []
         if paper:
-            params, notes = paper_panel_params(params, root, placement=preset == "placement")
+            params, notes = paper_panel_params(params, root, placement=preset == "placement", encoders=models)
         report = check_readiness(params, root, data_dir, paper=paper, placement=preset == "placement",
                                  notes=tuple(notes))
         text = render(report)

@@ -52,9 +52,10 @@ def tables() -> dict:
                           counts={}, runs=runs, robustness={}, margins=pd.DataFrame(), label_summary=pd.DataFrame(),
                           panels=pd.DataFrame(), registry=pd.DataFrame({"slug": ["my-vit-s16"], "name": ["my-vit-s16"]}),
                           published=published, run_configuration=PAPER_RUN, gallery=None)
-    return {name: frame for name, (_, frame) in published_tables(inputs, "20x").items()} | {
-        "captions": {name: table.caption for name, (table, _) in published_tables(inputs, "20x").items()},
-        "published": published, "runs": runs}
+    built = published_tables(inputs, "20x")
+    return {name: frame for name, (_, frame) in built.items()} | {
+        "captions": {name: table.caption for name, (table, _) in built.items()},
+        "published": published, "runs": runs, "built": built}
 
 
 def test_the_placement_run_is_ranked_among_the_30_where_it_ran_and_unranked_where_it_did_not(tables):
@@ -95,3 +96,41 @@ def test_the_rank_uses_the_replicates_the_summary_interval_is_read_from(tables):
         key = ("my-vit-s16", "20x", "Nuc", "fine", protocol)
         low, high = percentile_interval(condition_replicates(runs, "macro_f1", key))
         assert (low, high) == (summary.at[protocol, "low"], summary.at[protocol, "high"])
+
+
+def test_the_rank_and_its_interval_are_the_metrics_dvc_and_mlflow_show(tables):
+    """``placement_metrics``: per protocol run, the rank table's numbers under the model's slug; none
+    for MOCV; ``comparable`` with no reasons."""
+    from cellpath.report.published import placement_metrics
+    from cellpath.runtime.tracking import flat_metrics
+
+    metrics = placement_metrics(tables["built"], {"my-vit-s16": "my-vit-s16"}, [])
+    assert metrics["comparable"] is True and metrics["not_comparable"] == []
+    assert metrics["condition"] == "Tfine, Nuc, Macro-F1, S25"
+    ranks = tables["published_rank_intervals"]
+    assert set(metrics["my-vit-s16"]) == {"IS", "IOCD", "LOOO"}
+    for row in ranks.itertuples():
+        assert metrics["my-vit-s16"][row.protocol] == {"mean": round(row.mean, 2), "rank": row.rank,
+                                                       "rank_low": row.rank_low, "rank_high": row.rank_high}
+    flat = flat_metrics({"my-vit-s16": metrics["my-vit-s16"]}, "placement/")
+    assert flat["placement/my-vit-s16/LOOO/rank_high"] == float(ranks.set_index("protocol").at["LOOO", "rank_high"])
+    assert len(flat) == 12  # 3 protocols × mean, rank, rank_low, rank_high
+
+
+def test_a_run_that_is_not_comparable_gives_means_and_the_reasons():
+    """Not the paper's configuration: means only, under the protocols run, and why."""
+    from cellpath.published.reference import comparability
+    from cellpath.report.published import placement_metrics
+
+    published = load_published()
+    runs = placement_runs({protocol: 0.5 for protocol in RAN})
+    other = RunConfiguration(**{**PAPER_RUN.__dict__, "seeds": {"is": 1, "iocd": 1, "mocv": 1, "looo": 1}})
+    inputs = ReportInputs(probe={"summary": protocol_summary(runs, "macro_f1").assign(metric="macro_f1")},
+                          counts={}, runs=runs, robustness={}, margins=pd.DataFrame(), label_summary=pd.DataFrame(),
+                          panels=pd.DataFrame(), registry=pd.DataFrame({"slug": ["my-vit-s16"], "name": ["My ViT"]}),
+                          published=published, run_configuration=other, gallery=None)
+    reasons = comparability(other)
+    metrics = placement_metrics(published_tables(inputs, "20x"), {"My ViT": "my-vit-s16"}, reasons)
+    assert metrics["comparable"] is False and metrics["not_comparable"] == reasons and reasons
+    summary = protocol_summary(runs, "macro_f1").set_index("protocol")
+    assert metrics["my-vit-s16"] == {p.upper(): {"mean": round(100 * summary.at[p, "mean"], 2)} for p in RAN}
