@@ -300,20 +300,36 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
     if cfg.cluster == "slurm":
         from cellpath.runtime.slurm import start_cluster
 
-        cluster = start_cluster(cfg)
-    else:
-        import dask
+        with start_cluster(cfg) as cluster, Client(cluster) as client:
+            log.info("executor: Dask slurm cluster, dashboard %s", client.dashboard_link)
+            yield client
+        return
+    import dask
 
-        # Dask gives its workers MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's adaptive mmap
-        # threshold: every large temporary is mapped and unmapped again. The filter bank ran 3.7x slower.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            cluster = LocalCluster(n_workers=cfg.workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0", resources={"GPU": 1} if gpus else None)
-    with cluster, Client(cluster) as client:
-        if gpus and cfg.cluster == "local":
+    # Dask gives its workers MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's adaptive mmap
+    # threshold: every large temporary is mapped and unmapped again. The filter bank ran 3.7x slower.
+    with (_environment_kept(), dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}),
+          LocalCluster(n_workers=cfg.workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                       resources={"GPU": 1} if gpus else None) as cluster, Client(cluster) as client):
+        if gpus:
             client.register_plugin(_one_gpu_per_worker(gpus))
-        log.info("executor: Dask %s cluster, dashboard %s", cfg.cluster, client.dashboard_link)
+        log.info("executor: Dask local cluster, dashboard %s", client.dashboard_link)
         yield client
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """This process's environment as it was, once the block ends: a Dask nanny sets its
+    ``pre-spawn-environ`` (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, …) in the process that starts its
+    worker and never unsets it, so every later child of this process — a test's ``dvc repro`` — would
+    start on one thread."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 def _run_dask(tasks: list[Task], cfg: ExecutorConfig, threads: dict[str, int], progress: TaskProgress) -> list[Outcome]:

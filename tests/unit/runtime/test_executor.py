@@ -213,7 +213,8 @@ def test_shard_keys_follow_params_and_features_but_not_the_executor(tiny_feature
 @pytest.mark.parametrize("executor", [{"workers": 2}, DASK_2], ids=["local-2", "dask-2"])
 def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # set here by an earlier LocalCluster's nannies
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    environment = dict(os.environ)
     saved = torch.get_num_threads()
     with threadpool_limits(3):
         torch.set_num_threads(3)
@@ -234,6 +235,9 @@ def test_outcomes_come_in_task_order_with_the_callers_thread_counts(executor, tm
         passive = "PASSIVE" if 2 * 3 > (os.cpu_count() or 1) else None  # 2 workers x 3 threads
         assert all(w["env"] == {"OMP_WAIT_POLICY": passive, "MALLOC_TRIM_THRESHOLD_": None} for w in written), written
     assert "OMP_WAIT_POLICY" not in os.environ  # restored once the workers are gone
+    # Dask's nannies set OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, … here before spawning: not left for this
+    # process's later children (a `dvc repro` started after would run on one thread)
+    assert dict(os.environ) == environment
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
