@@ -33,6 +33,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
         elif SHARED_RUN_FIXTURE in names:
             item.add_marker(pytest.mark.xdist_group(f"{SHARED_RUN_FIXTURE}:{item.module.__name__}"))
+    # One module of the shared run first (its worker builds the run), the others last (by the time a
+    # worker reaches them the run is built): the other worker takes the rest meanwhile, not the lock.
+    run_users = [item for item in items if SHARED_RUN_FIXTURE in getattr(item, "fixturenames", ())]
+    if run_users:
+        first = run_users[0].module.__name__
+        later = [item for item in run_users if item.module.__name__ != first]
+        rest = [item for item in items if item not in set(run_users)]
+        items[:] = [item for item in run_users if item.module.__name__ == first] + rest + later
 
 
 @pytest.fixture
