@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import croma
@@ -65,3 +67,19 @@ def test_the_slow_tests_are_the_pipeline_folder():
         assert marked == in_pipeline, (f"{path.relative_to(TESTS)}: " + (
             "a pipeline test must be marked slow (pytestmark)" if in_pipeline else
             "a slow test belongs in tests/pipeline/ (make test-fast skips that folder's tests)"))
+
+
+def test_loadgroup_runs_a_group_on_one_worker(tmp_path):
+    """`make test` runs `--dist loadgroup` (docs/decisions/0042): a group's tests on one worker, so that
+    its module fixtures (a SLURM cluster, a copy of the tiny project's run) are built once. pytest 9.2
+    with pytest-xdist 3.8 grouped nothing, silently: every module fixture was built on both workers."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\nimport pytest\n\npytestmark = pytest.mark.xdist_group('one')\n\n\n"
+        "@pytest.mark.parametrize('i', range(6))\ndef test_where(i):\n"
+        "    with open(os.path.join(os.path.dirname(__file__), 'workers.txt'), 'a') as f:\n"
+        "        f.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                             "-q", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    workers = (tmp_path / "workers.txt").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers
