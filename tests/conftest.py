@@ -6,6 +6,10 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Two pytest workers (docs/decisions/0042) each run torch on every core: OpenMP threads that spin while
+# waiting took the other worker's cores (an 11 s probe test ran 159 s beside the other worker). Passive
+# waiting changes no arithmetic; the `dvc repro` subprocesses of the tests inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
