@@ -10,8 +10,9 @@ VENV ?= .venv
 BIN := $(abspath $(VENV))/bin
 CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.installed
-# a startup file that makes pandas hand pyarrow local parquet paths in every Python of the venv (decision 0033)
-PARQUET_GUARD := $(VENV)/.native-parquet
+# startup files that patch two libraries in every Python of the venv, `dvc` included (cellpath/io/import_hooks.py):
+# pandas hands pyarrow local parquet paths (decision 0033); DVC's SSH remote checks host keys, forwards no agent (0048)
+STARTUP_FILES := $(VENV)/.startup-files
 MLFLOW_URI ?= sqlite:///mlflow.db
 UI_PORT ?= 5000
 # pytest-xdist workers for make test / test-fast (docs/decisions/0042); TEST_WORKERS=0 runs in one process
@@ -30,11 +31,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip check
 	touch $(STAMP)
 
-$(PARQUET_GUARD): $(STAMP)
-	$(BIN)/python -c "from cellpath.io.native_parquet import write_startup_file; print('wrote', write_startup_file())"
-	touch $(PARQUET_GUARD)
+$(STARTUP_FILES): $(STAMP) src/cellpath/io/import_hooks.py
+	$(BIN)/python -c "from cellpath.io import native_parquet, ssh_remote; \
+	print('wrote', native_parquet.write_startup_file(), ssh_remote.write_startup_file())"
+	touch $(STARTUP_FILES)
 
-install: $(STAMP) $(PARQUET_GUARD)
+install: $(STAMP) $(STARTUP_FILES)
 
 run: install
 	$(BIN)/dvc repro

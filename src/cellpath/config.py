@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from cellpath.errors import ConfigError, Problem
 from cellpath.io.layout import DEFAULT_MANIFEST
+from cellpath.io.text import NotUtf8, read_utf8
 from cellpath.vocabulary import (DEFAULT_XENIUM_LAYOUT, MAGNIFICATIONS, PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS,
                                  PAPER_MOCV_FOLDS, PAPER_SEEDS, PROTOCOLS, READOUTS, REFERENCE_COUNT_SOURCE_PATTERN,
                                  MagnificationName, ProtocolChoice, ProtocolName, ReadoutName, TaxonomyName,
@@ -36,6 +37,36 @@ SIMULATED_ORGAN_STATUSES: dict[str, tuple[str, ...]] = {
 SECTION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
+#: Numbers and switches as YAML writes them, nothing coerced: ``true`` is no integer, ``3.0`` or ``"3"`` no
+#: count, ``.inf`` and ``.nan`` no number (pydantic's lax mode takes each of them silently).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Bool = Annotated[bool, Strict()]
+
+
+#: Where each tool reads a secret instead, for the message that refuses one inside a URL.
+CREDENTIAL_PLACES = ("MLflow reads MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+                     "from the environment, a PostgreSQL store PGPASSWORD or ~/.pgpass, and a DVC remote its "
+                     "credentials from `dvc remote modify --local`")
+_URL_SECRET = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@|[?&](password|passwd|token|secret|"
+                         r"access_token|api_key|x-amz-signature|sig)=", re.IGNORECASE)
+
+
+def has_credentials(url: str) -> bool:
+    """Whether a URL carries a secret: a password in its user part, or a token or signature in its query."""
+    return bool(_URL_SECRET.search(url))
+
+
+def _without_credentials(url: str | None) -> str | None:
+    if url is not None and has_credentials(url):
+        raise ValueError(f"holds a password or token, which would be copied into dvc.lock, MLflow's params and "
+                         f"logs; leave it out of the URL: {CREDENTIAL_PLACES}")
+    return url
+
+
+NoSecrets = AfterValidator(_without_credentials)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,9 +77,9 @@ class SimulatedSection(_Strict):
     section_id: Annotated[str, Field(pattern=SECTION_ID_PATTERN)]
     organ: Literal["Breast", "Colon", "Lung", "Liver", "Skin", "Lymphoid"]
     status: str
-    n_cells: Annotated[int, Field(ge=50, le=2_000_000)] | None = None
-    registration_jitter_um: Annotated[float, Field(ge=0.0, le=20.0)] | None = None
-    morphology_strength: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    n_cells: Annotated[Int, Field(ge=50, le=2_000_000)] | None = None
+    registration_jitter_um: Annotated[Float, Field(ge=0.0, le=20.0)] | None = None
+    morphology_strength: Annotated[Float, Field(ge=0.0, le=1.0)] | None = None
     #: which vintage of the Xenium bundle to write (cellpath.io.xenium.LAYOUTS); ingest reads them all
     xenium_layout: XeniumLayoutName = DEFAULT_XENIUM_LAYOUT
 
@@ -70,11 +101,11 @@ def _ordered_pair(lo_hi: tuple[float, float]) -> tuple[float, float]:
 
 
 JitterRange = Annotated[
-    tuple[Annotated[float, Field(ge=0.0, le=20.0)], Annotated[float, Field(ge=0.0, le=20.0)]],
+    tuple[Annotated[Float, Field(ge=0.0, le=20.0)], Annotated[Float, Field(ge=0.0, le=20.0)]],
     AfterValidator(_ordered_pair),
 ]
 UnitRange = Annotated[
-    tuple[Annotated[float, Field(ge=0.0, le=1.0)], Annotated[float, Field(ge=0.0, le=1.0)]],
+    tuple[Annotated[Float, Field(ge=0.0, le=1.0)], Annotated[Float, Field(ge=0.0, le=1.0)]],
     AfterValidator(_ordered_pair),
 ]
 
@@ -82,13 +113,16 @@ UnitRange = Annotated[
 class SyntheticConfig(_Strict):
     """The embedded default: a seeded simulator writing real Xenium + H&E file formats."""
 
-    cells_per_section: Annotated[int, Field(ge=50, le=2_000_000)] = 3000
-    he_mpp: Annotated[float, Field(gt=0.1, le=2.0)] = 0.2738
-    panel_genes: Annotated[int, Field(ge=150, le=5000)] = 300
-    reference_cells_per_type: Annotated[int, Field(ge=20, le=20_000)] = 150
+    cells_per_section: Annotated[Int, Field(ge=50, le=2_000_000)] = 3000
+    he_mpp: Annotated[Float, Field(gt=0.1, le=2.0)] = 0.2738
+    panel_genes: Annotated[Int, Field(ge=150, le=5000)] = 300
+    reference_cells_per_type: Annotated[Int, Field(ge=20, le=20_000)] = 150
     registration_jitter_um: JitterRange = (1.0, 3.0)
     morphology_strength: UnitRange = (0.75, 1.0)
-    stain_variation: Annotated[float, Field(ge=0.0, le=3.0)] = 1.0
+    stain_variation: Annotated[Float, Field(ge=0.0, le=3.0)] = 1.0
+    #: strength of the within-type proliferation program (cellpath.simulation.expression): 0 = none, the
+    #: panel exactly as simulated without it
+    proliferation: Annotated[Float, Field(ge=0.0, le=1.0)] = 0.0
     #: the sections to simulate: a list, or in params.yaml the path of a YAML file holding that list
     #: (relative to the working directory, like every path in params; read by :func:`params_problems`)
     sections: Annotated[list[SimulatedSection], Field(min_length=1)]
@@ -106,13 +140,22 @@ class TenxConfig(_Strict):
     """The real path: 10x Genomics Xenium bundles listed in a manifest with per-file URLs."""
 
     manifest: Path = DEFAULT_MANIFEST
+    #: each file's size and digests as first downloaded (trust on first use; cellpath.sources.lock), to commit;
+    #: None: beside the manifest, <manifest name>.lock.csv
+    lock: Path | None = None
     sections: list[Annotated[str, Field(pattern=SECTION_ID_PATTERN)]] = []
-    retries: Annotated[int, Field(ge=0, le=20)] = 3
-    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    max_file_bytes: Annotated[int, Field(gt=0)] = 200 * 1024**3
+    retries: Annotated[Int, Field(ge=0, le=20)] = 3
+    timeout_s: Annotated[Float, Field(gt=0, le=3600)] = 60.0
+    max_file_bytes: Annotated[Int, Field(gt=0, le=2**50)] = 200 * 1024**3  # ≤ 1 PiB
     #: a copy of 10x's files laid out as <XOA version>/<Name>/<file>: an http(s):// or file:// base URL,
     #: or a folder (relative to the project); it replaces each URL's root up to /samples/xenium/
-    mirror: Annotated[str, Field(min_length=1)] | None = None
+    mirror: Annotated[Annotated[str, Field(min_length=1)] | None, NoSecrets] = None
+
+    @property
+    def lock_file(self) -> Path:
+        """The download lock: ``lock``, else beside the manifest, ``xenium_datasets.csv`` →
+        ``xenium_datasets.lock.csv`` (relative paths from the project root)."""
+        return self.lock if self.lock is not None else self.manifest.with_name(f"{self.manifest.stem}.lock.csv")
 
     @model_validator(mode="after")
     def _mirror_scheme(self) -> "TenxConfig":
@@ -133,33 +176,33 @@ class AnnotateConfig(_Strict):
     #: the var column holding gene symbols; None: var_names, or when they are Ensembl ids the first of
     #: feature_name / gene_symbols / gene_symbol (genes sharing a symbol are summed)
     gene_symbols: Annotated[str, Field(min_length=1)] | None = None
-    regularisation_c: Annotated[float, Field(gt=0.0, le=1e4)] = 5.0
-    confidence_threshold: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.4
-    min_shared_genes: Annotated[int, Field(ge=1)] = 20
-    min_cells_per_coarse_class: Annotated[int, Field(ge=1)] = 10
-    marker_min_cells: Annotated[int, Field(ge=2)] = 10
-    marker_min_log_fold_change: Annotated[float, Field(ge=0.0)] = 0.25
+    regularisation_c: Annotated[Float, Field(gt=0.0, le=1e4)] = 5.0
+    confidence_threshold: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.4
+    min_shared_genes: Annotated[Int, Field(ge=1, le=100_000)] = 20
+    min_cells_per_coarse_class: Annotated[Int, Field(ge=1, le=10_000_000)] = 10
+    marker_min_cells: Annotated[Int, Field(ge=2, le=10_000_000)] = 10
+    marker_min_log_fold_change: Annotated[Float, Field(ge=0.0, le=100.0)] = 0.25
     #: reference coverage (annotation/coverage.py): a cell whose smoothed profile correlates below
     #: this with every reference type is unmatched; a section with a larger unmatched share is flagged
-    coverage_min_similarity: Annotated[float, Field(ge=-1.0, le=1.0)] = 0.15
-    coverage_max_unmatched: Annotated[float, Field(ge=0.0, le=1.0)] = 0.15
-    coverage_neighbours: Annotated[int, Field(ge=1, le=200)] = 15
-    coverage_max_cells: Annotated[int, Field(ge=100)] = 20000
+    coverage_min_similarity: Annotated[Float, Field(ge=-1.0, le=1.0)] = 0.15
+    coverage_max_unmatched: Annotated[Float, Field(ge=0.0, le=1.0)] = 0.15
+    coverage_neighbours: Annotated[Int, Field(ge=1, le=200)] = 15
+    coverage_max_cells: Annotated[Int, Field(ge=100, le=100_000_000)] = 20000
 
 
 class ConcordanceConfig(_Strict):
     """Morphology-annotation concordance and the nested panels (the ``concordance`` stage)."""
 
     cellvit_dir: Path | None = None  # CellViT++ output folder; None = the built-in detector
-    max_match_distance_um: Annotated[float, Field(gt=0.0, le=50.0)] = 4.0
-    panel_sizes: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = [6, 8, 10, 12]
+    max_match_distance_um: Annotated[Float, Field(gt=0.0, le=50.0)] = 4.0
+    panel_sizes: Annotated[list[Annotated[Int, Field(ge=1, le=10_000)]], Field(min_length=1)] = [6, 8, 10, 12]
     #: registration QC (concordance/registration.py, docs/decisions/0037): nuclei are matched within this
     #: radius (µm, wider than max_match_distance_um, which would truncate the distances measured) ...
-    registration_radius_um: Annotated[float, Field(gt=0.0, le=50.0)] = 10.0
+    registration_radius_um: Annotated[Float, Field(gt=0.0, le=50.0)] = 10.0
     #: ... and a section is flagged (informational) when the median or the 90th percentile of the matched
     #: H&E-to-Xenium distances exceeds these (µm)
-    registration_max_median_um: Annotated[float, Field(gt=0.0, le=50.0)] = 2.7
-    registration_max_p90_um: Annotated[float, Field(gt=0.0, le=50.0)] = 4.7
+    registration_max_median_um: Annotated[Float, Field(gt=0.0, le=50.0)] = 2.7
+    registration_max_p90_um: Annotated[Float, Field(gt=0.0, le=50.0)] = 4.7
 
     @model_validator(mode="after")
     def _increasing(self) -> "ConcordanceConfig":
@@ -183,10 +226,10 @@ class ExtractConfig(_Strict):
     magnifications: Annotated[list[MagnificationName], Field(min_length=1)] = list(MAGNIFICATIONS)
     registry: Path = Path("models/encoders.yaml")
     weights_dir: Path = Path("models")
-    batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    batch_size: Annotated[Int, Field(ge=1, le=4096)] = 32
     device: Literal["cpu", "cuda"] = "cpu"
-    torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
-    patch_cache: bool = True  # share read patches between encoders (data/.work/patches; results unchanged)
+    torch_threads: Annotated[Int, Field(ge=0, le=256)] = 0  # 0: torch's default
+    patch_cache: Bool = True  # share read patches between encoders (data/.work/patches; results unchanged)
 
 
 
@@ -194,8 +237,8 @@ class ExtractConfig(_Strict):
 class ClassGate(_Strict):
     """Minimum training and test cells for a class to be scored in a unit (per taxonomy)."""
 
-    fine: Annotated[int, Field(ge=1)]
-    coarse: Annotated[int, Field(ge=1)]
+    fine: Annotated[Int, Field(ge=1, le=10_000_000)]
+    coarse: Annotated[Int, Field(ge=1, le=10_000_000)]
 
 
 class ProbeConfig(_Strict):
@@ -204,26 +247,26 @@ class ProbeConfig(_Strict):
     taxonomies: Annotated[list[TaxonomyName], Field(min_length=1)] = ["fine", "coarse"]
     readouts: Annotated[list[ReadoutName], Field(min_length=1)] = list(READOUTS)
     magnifications: list[MagnificationName] | None = None  # None: every extract.magnifications
-    seeds: dict[ProtocolName, Annotated[int, Field(ge=1, le=100)]] = dict(PAPER_SEEDS)
-    mocv_folds: Annotated[int, Field(ge=2, le=50)] = PAPER_MOCV_FOLDS
-    is_roi_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.5
-    is_buffer_um: Annotated[float, Field(ge=0.0, le=5000.0)] = 25.0
-    val_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    seeds: dict[ProtocolName, Annotated[Int, Field(ge=1, le=100)]] = dict(PAPER_SEEDS)
+    mocv_folds: Annotated[Int, Field(ge=2, le=50)] = PAPER_MOCV_FOLDS
+    is_roi_fraction: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.5
+    is_buffer_um: Annotated[Float, Field(ge=0.0, le=5000.0)] = 25.0
+    val_fraction: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     min_train_cells: ClassGate = ClassGate(**PAPER_MIN_TRAIN_CELLS)
     min_test_cells: ClassGate = ClassGate(**PAPER_MIN_TEST_CELLS)
-    max_train_cells: Annotated[int, Field(ge=10)] | None = None  # None: every training cell (the paper)
-    c_grid: Annotated[list[Annotated[float, Field(gt=0.0)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
-    max_iter: Annotated[int, Field(ge=1, le=100_000)] = 10000 # L-BFGS iterations per (run, C) fit
-    tol: Annotated[float, Field(gt=0.0, le=1e-2)] = 1e-8  # converged: largest |gradient entry| ≤ tol (sklearn's tol)
+    max_train_cells: Annotated[Int, Field(ge=10, le=100_000_000)] | None = None  # None: every training cell (the paper)
+    c_grid: Annotated[list[Annotated[Float, Field(gt=0.0, le=1e6)]], Field(min_length=1)] = [0.01, 0.1, 1.0, 10.0]
+    max_iter: Annotated[Int, Field(ge=1, le=100_000)] = 10000 # L-BFGS iterations per (run, C) fit
+    tol: Annotated[Float, Field(gt=0.0, le=1e-2)] = 1e-8  # converged: largest |gradient entry| ≤ tol (sklearn's tol)
     #: design memory of one group of probe fits (MiB): tasks are grouped within it and a group is held within
     #: it, else stored once in a file in TMPDIR and streamed from there (the same result). "auto": grouped
     #: within 1,024 MiB on any machine, held within half the worker's available memory when the fits start
-    batch_memory_mb: Annotated[int, Field(ge=16, le=1_000_000)] | Literal["auto"] = "auto"
+    batch_memory_mb: Annotated[Int, Field(ge=16, le=1_000_000)] | Literal["auto"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
-    torch_threads: Annotated[int, Field(ge=0, le=256)] = 0  # 0: torch's default
+    torch_threads: Annotated[Int, Field(ge=0, le=256)] = 0  # 0: torch's default
     #: per fitted IS run, the misclassified test cells kept with the highest predicted-class probability
     #: (probe/is_errors.parquet, the failure gallery's second list); 0 keeps none
-    is_errors: Annotated[int, Field(ge=0, le=100_000)] = 50
+    is_errors: Annotated[Int, Field(ge=0, le=100_000)] = 50
 
     @model_validator(mode="after")
     def _every_protocol_has_seeds(self) -> "ProbeConfig":
@@ -233,19 +276,41 @@ class ProbeConfig(_Strict):
         return self
 
 
+class ExpressionConfig(_Strict):
+    """Label-free expression probes (the ``expression`` stage): ridge regression of each cell's measured
+    expression on its features, under the type probes' protocols, units, seeds and training cap
+    (``probe``); docs/decisions/0049."""
+
+    genes: Annotated[Int, Field(ge=1, le=10_000)] = 50  # per probe run, the most variable genes of its training cells
+    min_counts: Annotated[Int, Field(ge=0, le=1_000_000)] = 10  # cells with fewer transcripts are excluded (counted)
+    #: ridge penalties per training cell (alpha = lambda · n_train), strictly ascending; chosen per gene on validation
+    penalties: Annotated[list[Annotated[Float, Field(gt=0.0, le=1e6)]], Field(min_length=1)] = \
+        [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0]
+    readouts: Annotated[list[ReadoutName], Field(min_length=1)] = ["Nuc", "Mean"]
+    magnifications: list[MagnificationName] | None = None  # None: every extract.magnifications entry
+    device: Literal["cpu", "cuda"] = "cpu"
+    read_rows: Annotated[Int, Field(ge=1024, le=10_000_000)] = 16384  # feature rows read at a time (memory only)
+
+    @model_validator(mode="after")
+    def _penalties_ascend(self) -> "ExpressionConfig":
+        if any(b <= a for a, b in zip(self.penalties, self.penalties[1:])):
+            raise ValueError(f"penalties must be strictly ascending, got {self.penalties}")
+        return self
+
+
 class ShortcutConfig(_Strict):
     """The confounder-biased shortcut probe (APD, nIPD) on one readout and taxonomy per encoder."""
 
-    enabled: bool = True
+    enabled: Bool = True
     readout: ReadoutName = "Nuc"
     taxonomy: TaxonomyName = "coarse"
     confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch, as CRoMa's
     # The confounder levels the probe trains on, in order: level i is aligned with the i-th class (sorted) as V -> 1.
     # None: every level but the last `held_out` (sorted). Levels not trained on are the held-out setting.
     train_levels: Annotated[list[str], Field(min_length=2)] | None = None
-    held_out: Annotated[int, Field(ge=0)] | None = None     # with train_levels None: levels never trained on (None: 1)
-    pool_size: Annotated[int, Field(ge=4)] = 600            # training + validation cells at every V
-    n_runs: Annotated[int, Field(ge=1, le=100)] = 20        # resampling runs (the paper's 20)
+    held_out: Annotated[Int, Field(ge=0, le=10_000)] | None = None     # with train_levels None: levels never trained on (None: 1)
+    pool_size: Annotated[Int, Field(ge=4, le=100_000_000)] = 600            # training + validation cells at every V
+    n_runs: Annotated[Int, Field(ge=1, le=100)] = 20        # resampling runs (the paper's 20)
 
     @property
     def held_out_levels(self) -> int:
@@ -266,8 +331,8 @@ class SensitivityConfig(_Strict):
     """Optional sweeps of CRoMa's m and LTM's alpha (the CRoMa paper's Tables S1, S2): how much the model ranking
     depends on them. Off by default."""
 
-    alphas: list[Annotated[float, Field(gt=0.0, le=1.0)]] = []  # LTM tail fractions; the paper: 0.05, 0.10, 0.20
-    m_max: Annotated[int, Field(ge=2, le=100)] | None = None    # every integer m in [1, m_max]; the paper: 20
+    alphas: list[Annotated[Float, Field(gt=0.0, le=1.0)]] = []  # LTM tail fractions; the paper: 0.05, 0.10, 0.20
+    m_max: Annotated[Int, Field(ge=2, le=100)] | None = None    # every integer m in [1, m_max]; the paper: 20
 
 
 class RobustnessConfig(_Strict):
@@ -279,17 +344,17 @@ class RobustnessConfig(_Strict):
     confounder: Literal["section_id", "organ"] = "section_id"  # the acquisition batch a cell came from
     scopes: Annotated[list[Literal["panel", "organ"]], Field(min_length=1)] = ["panel"]  # organ: within each organ
     group: Literal["patch", "tile"] = "patch"  # never a neighbour of itself: the encoder patch, or a spatial tile
-    tile_um: Annotated[float, Field(gt=0.0, le=10_000.0)] = 56.0  # tile side when group is "tile"
-    m: Annotated[int, Field(ge=1, le=100)] = 5       # typed neighbours averaged per CRoMa margin
-    alpha: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10  # LTM tail fraction
-    k: Annotated[int, Field(ge=1)] | None = None     # None: the paper's k selection (lower median of per-model k*)
-    low_margin_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.10
+    tile_um: Annotated[Float, Field(gt=0.0, le=10_000.0)] = 56.0  # tile side when group is "tile"
+    m: Annotated[Int, Field(ge=1, le=100)] = 5       # typed neighbours averaged per CRoMa margin
+    alpha: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.10  # LTM tail fraction
+    k: Annotated[Int, Field(ge=1, le=10_000)] | None = None     # None: the paper's k selection (lower median of per-model k*)
+    low_margin_fraction: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.10
     #: above this many cells in a scoring unit, score a stratified sample of anchors (robustness/sampling.py)
-    full_max_cells: Annotated[int, Field(ge=100)] = 100_000
-    anchors: Annotated[int, Field(ge=100)] = 20_000   # anchors per unit above full_max_cells
-    bootstrap: Annotated[int, Field(ge=20, le=10_000)] = 200  # stratified resamples for the anchors' intervals
+    full_max_cells: Annotated[Int, Field(ge=100, le=100_000_000)] = 100_000
+    anchors: Annotated[Int, Field(ge=100, le=100_000_000)] = 20_000   # anchors per unit above full_max_cells
+    bootstrap: Annotated[Int, Field(ge=20, le=10_000)] = 200  # stratified resamples for the anchors' intervals
     #: MiB for one chunk of candidates read from the store at a time (changes no number; memory only)
-    batch_memory_mb: Annotated[int, Field(ge=16)] = 1024
+    batch_memory_mb: Annotated[Int, Field(ge=16, le=1_000_000)] = 1024
     shortcut: ShortcutConfig = ShortcutConfig()
     sensitivity: SensitivityConfig = SensitivityConfig()
 
@@ -298,21 +363,33 @@ class ReportConfig(_Strict):
     """The HTML report (``report`` stage)."""
 
     title: Annotated[str, Field(min_length=1)] = "CellPath-Bench report"
-    thumbnails: Annotated[int, Field(ge=0, le=50)] = 3  # H&E crops in the data section (best-ranked sections)
-    thumbnail_um: Annotated[float, Field(gt=0.0, le=5_000.0)] = 250.0  # crop side, µm
-    thumbnail_mpp: Annotated[float, Field(gt=0.0, le=50.0)] = 1.0     # crop resolution, µm/px
+    thumbnails: Annotated[Int, Field(ge=0, le=50)] = 3  # H&E crops in the data section (best-ranked sections)
+    thumbnail_um: Annotated[Float, Field(gt=0.0, le=5_000.0)] = 250.0  # crop side, µm
+    thumbnail_mpp: Annotated[Float, Field(gt=0.0, le=50.0)] = 1.0     # crop resolution, µm/px
 
 
 class GalleryConfig(_Strict):
     """The failure gallery (``gallery`` stage): a page per model of its worst-represented cells."""
 
-    cells: Annotated[int, Field(ge=1, le=200)] = 12  # per list: lowest CRoMa margins, most confident IS errors
-    crop_um: Annotated[float, Field(gt=0.0, le=500.0)] = 40.0  # crop side around the nucleus, µm
+    cells: Annotated[Int, Field(ge=1, le=200)] = 12  # per list: lowest CRoMa margins, most confident IS errors
+    crop_um: Annotated[Float, Field(gt=0.0, le=500.0)] = 40.0  # crop side around the nucleus, µm
+
+
+#: Dask protocols that authenticate and encrypt (certificates in Dask's configuration, distributed.comm.tls.*)
+ENCRYPTED_DASK_PROTOCOLS = ("tls", "wss")
+LOOPBACK_HOSTS = re.compile(r"^(127(\.\d{1,3}){3}|localhost|\[::1\]|::1)$")
 
 
 def _scheduler_address(address: str) -> str:
-    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", address):
-        raise ValueError("expected a Dask scheduler address with its protocol, e.g. tcp://10.0.0.5:8786")
+    match = re.fullmatch(r"([a-z][a-z0-9+.-]*)://(\[[^\]]+\]|[^:/\s]+)(\S*)", address)
+    if match is None:
+        raise ValueError("expected a Dask scheduler address with its protocol, e.g. tls://10.0.0.5:8786")
+    protocol, host = match.group(1), match.group(2)
+    if protocol not in ENCRYPTED_DASK_PROTOCOLS and not LOOPBACK_HOSTS.match(host):
+        raise ValueError(f"a {protocol}:// scheduler takes unauthenticated connections: anyone who reaches {host} can "
+                         "run code as you on its workers. Use a tls:// scheduler, with its certificates in Dask's "
+                         "configuration (distributed.comm.tls.ca-file, .client.cert, .client.key; docs/scaling.md), "
+                         f"or reach it through an SSH tunnel at {protocol}://127.0.0.1:<port>")
     return address
 
 
@@ -321,12 +398,15 @@ class ExecutorConfig(_Strict):
     is not a DVC parameter of any stage: switching executors does not invalidate cached stages."""
 
     backend: Literal["local", "dask"] = "local"
-    workers: Annotated[int, Field(ge=1, le=10_000)] = 1  # local: processes (1 = in this process); dask: workers/jobs
-    address: Annotated[str, AfterValidator(_scheduler_address)] | None = None  # an existing Dask scheduler
+    workers: Annotated[Int, Field(ge=1, le=10_000)] = 1  # local: processes (1 = in this process); dask: workers/jobs
+    address: Annotated[str, AfterValidator(_scheduler_address), NoSecrets] | None = None  # an existing Dask scheduler
     cluster: Literal["local", "slurm"] = "local"  # dask without an address: a LocalCluster or a SLURMCluster
     slurm: dict[str, Any] = {}  # dask_jobqueue.SLURMCluster keyword arguments (queue, cores, memory, walltime, ...)
     # dask: seconds to wait for a first worker, and for one to come back when every worker is gone
-    startup_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    startup_timeout_s: Annotated[Float, Field(gt=0, le=7 * 86_400)] = 600.0
+    #: dask: where the scheduler's dashboard (no authentication) listens, host:port (port 0: any free one);
+    #: loopback unless you ask (reach it with ssh -L)
+    dashboard_address: Annotated[str, Field(pattern=r"^\S+:\d+$")] = "127.0.0.1:0"
 
     @model_validator(mode="after")
     def _dask_settings_need_dask(self) -> "ExecutorConfig":
@@ -338,9 +418,9 @@ class ExecutorConfig(_Strict):
 class MlflowConfig(_Strict):
     """Where probe and robustness results are tracked. Relative paths are from the project root."""
 
-    enabled: bool = True
-    tracking_uri: str = "sqlite:///mlflow.db"  # any MLflow URI: sqlite:///…, http://host:5000, file:…
-    artifact_location: str = "mlartifacts"     # used when the experiment is created
+    enabled: Bool = True
+    tracking_uri: Annotated[str, NoSecrets] = "sqlite:///mlflow.db"  # any MLflow URI: sqlite:///…, http://host:5000, file:…
+    artifact_location: Annotated[str, NoSecrets] = "mlartifacts"     # used when the experiment is created
     experiment: Annotated[str, Field(min_length=1)] = "cellpath"
 
 
@@ -348,7 +428,7 @@ class Params(_Strict):
     """Top level of params.yaml."""
 
     source: Literal["synthetic", "10x"] = "synthetic"
-    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    seed: Annotated[Int, Field(ge=0, le=2**31 - 1)] = 0
     synthetic: SyntheticConfig
     tenx: TenxConfig = TenxConfig()
     annotate: AnnotateConfig = AnnotateConfig()
@@ -357,6 +437,7 @@ class Params(_Strict):
     extract: ExtractConfig = ExtractConfig()
     protocol: ProtocolChoice = "all"
     probe: ProbeConfig = ProbeConfig()
+    expression: ExpressionConfig = ExpressionConfig()
     robustness: RobustnessConfig = RobustnessConfig()
     report: ReportConfig = ReportConfig()
     gallery: GalleryConfig = GalleryConfig()
@@ -374,7 +455,8 @@ class Params(_Strict):
 
     @model_validator(mode="after")
     def _stage_magnifications_are_extracted(self) -> "Params":
-        for stage, chosen in (("probe", self.probe.magnifications), ("robustness", self.robustness.magnifications)):
+        for stage, chosen in (("probe", self.probe.magnifications), ("expression", self.expression.magnifications),
+                              ("robustness", self.robustness.magnifications)):
             missing = [m for m in chosen or [] if m not in self.extract.magnifications]
             if missing:
                 raise ValueError(f"{stage}.magnifications: {', '.join(missing)} not in extract.magnifications "
@@ -413,7 +495,17 @@ def _problem(err: dict, source: str) -> Problem:
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) or len(repr(value)) < 60 else ""
-    return Problem(f"{source}: key `{key}`", f"{msg}{shown}")
+    if isinstance(value, str) and has_credentials(value):
+        shown = ""  # never echo a secret into the terminal or a log
+    fix = TYPE_FIXES.get(err["type"], "")
+    return Problem(f"{source}: key `{key}`", f"{msg}{shown}{fix}")
+
+
+#: What to write instead, for the strict types' refusals (:data:`Int`, :data:`Float`, :data:`Bool`).
+TYPE_FIXES = {"int_type": "; write a whole number, without quotes or a decimal point (true/false are not numbers)",
+              "float_type": "; write a number, without quotes (true/false are not numbers)",
+              "finite_number": "; write a finite number (.inf and .nan are not allowed)",
+              "bool_type": "; write true or false"}
 
 
 def _allowed_keys(parent_loc: tuple) -> list[str]:
@@ -484,7 +576,9 @@ def _read_section_file(data: dict, source: str) -> tuple[Path | None, Problem | 
         return path, Problem(where, f"section file {path} not found (paths in params are relative to the project "
                                     "root: run from there); write the list there or inline it")
     try:
-        listed = yaml.safe_load(path.read_text())
+        listed = yaml.safe_load(read_utf8(path))
+    except NotUtf8 as exc:
+        return path, Problem(where, str(exc))
     except (OSError, yaml.YAMLError) as exc:
         return path, Problem(where, f"{path} is not readable YAML: {' '.join(str(exc).split())}")
     if not isinstance(listed, list):
@@ -545,7 +639,9 @@ def load_params(path: Path | str = "params.yaml") -> Params:
     if not path.is_file():
         raise ConfigError(f"{path}: parameter file not found; run from the project root or pass --params")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_utf8(path))
+    except NotUtf8 as exc:
+        raise ConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_params(data, source=str(path))

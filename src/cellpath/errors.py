@@ -61,3 +61,7 @@ class OutputError(CellPathError, OSError):
     """An output could not be written (the disk or quota is full); the previous output is unchanged.
 
     Also an OSError with the original ``errno``, so code that handles OSError still does."""
+
+
+class ConcurrentRunError(CellPathError):
+    """Another process holds the lock on a download, a stage's work folder or the tracking store."""

@@ -34,6 +34,7 @@ import yaml
 from cellpath.config import Params, params_problems
 from cellpath.errors import CellPathError, InputError, Problem
 from cellpath.io.layout import DEFAULT_DATA_DIR, references_dir
+from cellpath.io.text import NotUtf8, read_utf8
 
 SIMULATED_REFERENCE_LABEL_COLUMN = "cell_type"  # the obs column the simulator's references label cells in
 
@@ -63,7 +64,9 @@ def read_params(params_path: Path) -> tuple[Params | None, list[Problem]]:
         return None, [Problem(str(params_path), "parameter file not found; run from the project root or pass "
                                                 "--params")]
     try:
-        data = yaml.safe_load(params_path.read_text())
+        data = yaml.safe_load(read_utf8(params_path))
+    except NotUtf8 as exc:
+        return None, [Problem(str(params_path), str(exc).removeprefix(f"{params_path}: "))]
     except yaml.YAMLError as exc:
         return None, [Problem(str(params_path), f"not valid YAML: {exc}")]
     return params_problems(data, str(params_path))

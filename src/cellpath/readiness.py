@@ -33,8 +33,10 @@ from cellpath.errors import CellPathError, InputError, Problem
 from cellpath.io.layout import downloads_dir, raw_dir, reference_h5ad, references_dir
 from cellpath.preflight import PlannedSection, general_problems, reference_file_problems, section_reference
 from cellpath.references.manifest import REFERENCE_MANIFEST, ReferenceEntry, read_reference_manifest
+from cellpath.sources.lock import FIRST_USE, NOT_YET, PUBLISHED, Lock, read_lock
 from cellpath.sources.tenx import (FILE_KINDS, SECTION_MARKER, ManifestSection, check_downloads, is_fetched,
-                                   mirror_base, mirror_url, read_manifest)
+                                   lock_conflicts, mirror_base, mirror_url, read_manifest, verification_counts)
+from cellpath.vocabulary import PLACEMENT_ANCHORS
 
 OK, CHECK, MISSING = "ok", "check", "missing"
 KIND_NAMES = {"bundle": "bundle", "he_image": "H&E image", "he_alignment": "alignment CSV"}
@@ -88,6 +90,7 @@ class _Run:
     data_dir: Path
     references: dict[str, ReferenceEntry]
     paper: bool
+    lock: Lock
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class PanelReadiness:
     problems: tuple[Problem, ...]
     mirror: str | None = None
     notes: tuple[str, ...] = ()
+    #: files by what verifies them: published checksum, first use (the lock), not yet downloaded
+    verification: tuple[tuple[str, int], ...] = ()
+    lock: Path | None = None
 
     @property
     def ready(self) -> bool:
@@ -106,17 +112,18 @@ class PanelReadiness:
 
 
 def paper_panel_params(params: Params, root: Path = Path("."), *, placement: bool = False,
-                       encoders: list[str] | None = None) -> tuple[Params, list[str]]:
+                       encoders: list[str] | None = None,
+                       anchors: tuple[str, ...] | list[str] = PLACEMENT_ANCHORS) -> tuple[Params, list[str]]:
     """The paper's configuration (:func:`paper_params`; ``placement``: :func:`placement_params`, for
-    ``params``' encoders at the headline condition; ``encoders``: these slugs instead of the
-    configuration's) on the manifest's ``panel_s25`` sections, and a
+    ``params``' encoders at the headline condition beside the ``anchors``; ``encoders``: these slugs
+    instead of the configuration's) on the manifest's ``panel_s25`` sections, and a
     note per setting of ``params`` left out because it names sections outside that panel (the simulated
     run's ``annotate.references`` entries, or its shortcut probe's ``train_levels``: that probe is then
     not checked)."""
     from cellpath.planning.paper import paper_params, placement_params
 
-    data = (placement_params(params) if placement else paper_params(params)).model_dump(mode="json")
-    if encoders:
+    data = (placement_params(params, encoders, anchors) if placement else paper_params(params)).model_dump(mode="json")
+    if encoders and not placement:
         data["extract"]["encoders"] = list(encoders)
     rows = [s for s in read_manifest(root / params.tenx.manifest) if s.panel_s25]
     data["tenx"]["sections"] = [s.section_id for s in rows]
@@ -159,9 +166,16 @@ def check_readiness(params: Params, root: Path, data_dir: Path, *, paper: bool =
     except InputError as exc:
         references = {}
         problems.append(Problem("references", str(exc)))
-    run = _Run(params, root, Path(data_dir), references, paper)
+    try:
+        lock = read_lock(root / params.tenx.lock_file)
+    except InputError as exc:
+        lock = {}
+        problems.append(Problem("tenx.lock", str(exc)))
+    problems += [Problem(f"tenx.lock {params.tenx.lock_file}", conflict) for conflict in lock_conflicts(chosen, lock)]
+    run = _Run(params, root, Path(data_dir), references, paper, lock)
     sections = tuple(_section(section, plan, run) for section, plan in zip(chosen, planned))
-    return PanelReadiness(title, sections, tuple(problems), mirror, tuple(notes))
+    counts = tuple(verification_counts(chosen, lock).items())
+    return PanelReadiness(title, sections, tuple(problems), mirror, tuple(notes), counts, params.tenx.lock_file)
 
 
 def _title(params: Params, paper: bool, placement: bool = False) -> str:
@@ -202,7 +216,7 @@ def _one_encoder_problem(problems: list[Problem], n_encoders: int) -> list[Probl
 
 
 def _section(section: ManifestSection, planned: PlannedSection, run: _Run) -> SectionReadiness:
-    local, have = _local_files(section, run.root / run.data_dir)
+    local, have = _local_files(section, run.root / run.data_dir, run.lock)
     try:
         name = section_reference(run.params, planned)
     except InputError as exc:
@@ -211,15 +225,15 @@ def _section(section: ManifestSection, planned: PlannedSection, run: _Run) -> Se
     else:
         reference, labels = _reference_check(name, run), _labels_check(name, run)
     return SectionReadiness(
-        section_id=section.section_id, host=_host(section, run), sums=_sums(section), local=local, reference=name,
+        section_id=section.section_id, host=_host(section, run), sums=_sums(section, run.lock), local=local, reference=name,
         downloads=_downloads_check(section, run, have), reference_file=reference, labels=labels,
         cellvit=_cellvit_check(section, run))
 
 
-def _local_files(section: ManifestSection, data_dir: Path) -> tuple[str, set[str]]:
+def _local_files(section: ManifestSection, data_dir: Path, lock: Lock) -> tuple[str, set[str]]:
     """Where the section's files are already (``data/raw``, the download cache, nowhere) and which kinds."""
     folder = raw_dir(data_dir) / section.section_id
-    if is_fetched(folder, section):
+    if is_fetched(folder, section, lock):
         return "data/raw", set(FILE_KINDS)
     cache = downloads_dir(data_dir) / section.section_id
     names = {"bundle": "bundle", "he_image": section.he_image_name, "he_alignment": section.he_alignment_name}
@@ -229,12 +243,12 @@ def _local_files(section: ManifestSection, data_dir: Path) -> tuple[str, set[str
     return ("outdated" if (folder / SECTION_MARKER).is_file() else "no"), have
 
 
-def _sums(section: ManifestSection) -> str:
+def _sums(section: ManifestSection, lock: Lock) -> str:
     cells = []
     for kind in FILE_KINDS:
-        remote = getattr(section, kind)
-        known = "".join(letter for letter, value in (("M", remote.md5), ("S", remote.sha256), ("B", remote.size))
-                        if value is not None)
+        remote, locked = getattr(section, kind), (section.section_id, kind) in lock
+        known = "".join(letter for letter, value in (("M", remote.md5), ("S", remote.sha256), ("B", remote.size),
+                                                     ("L", locked or None)) if value is not None)
         cells.append(known or "-")
     return "/".join(cells)
 
@@ -361,7 +375,8 @@ def _cellvit_check(section: ManifestSection, run: _Run) -> Check:
 COLUMNS = ("section", "host", "URLs b/H&E/align", "sums b/H&E/align", "downloaded", "reference", "h5ad", "labels",
            "CellViT++", "status")
 LEGEND = ("URLs: seen (with a source in the manifest), derived (10x's naming, never requested), none. "
-          "sums: M md5, S sha256, B size in bytes, - none (the download is not checked). "
+          "sums: published M md5, S sha256, B size in bytes; L size and digests in the download lock (first use); "
+          "- none yet (the first download records them). "
           "Read from the manifest and local files; nothing was checked online.")
 
 
@@ -404,6 +419,15 @@ def summary_line(report: PanelReadiness) -> str:
     return f"{'; '.join(parts)}: {verdict}"
 
 
+def verification_line(report: PanelReadiness) -> str:
+    """How the panel's files are checked: counts by published checksum, first use, not yet downloaded."""
+    counts = dict(report.verification)
+    total = sum(counts.values())
+    return (f"Checksums of the {total} files: {counts[PUBLISHED]} verified by a published checksum, "
+            f"{counts[FIRST_USE]} verified by first use ({report.lock}), {counts[NOT_YET]} not yet downloaded "
+            "(their first download records them in the lock; every later one must match).")
+
+
 def render(report: PanelReadiness) -> str:
     """The table, the actions (blocking, then to check), the other problems and the summary line."""
     lines = [f"Readiness of {report.title}"]
@@ -419,6 +443,8 @@ def render(report: PanelReadiness) -> str:
         lines += ["", "To check (not blocking):", *checks]
     if report.problems:
         lines += ["", "Other problems:", *(f"  - {problem}" for problem in report.problems)]
+    if report.verification:
+        lines += ["", verification_line(report)]
     if report.notes:
         lines += ["", "Notes:", *(f"  - {note}" for note in report.notes)]
     return "\n".join([*lines, "", summary_line(report)])

@@ -31,6 +31,10 @@ TaxonomyName = Literal["fine", "coarse"]
 TAXONOMIES: tuple[TaxonomyName, ...] = get_args(TaxonomyName)
 TAXONOMY_LABELS: dict[str, str] = {"fine": "Tfine", "coarse": "Tcoarse"}
 
+#: The expression probes' run tables name their target set in the taxonomy column (their rows have the
+#: type probes' condition keys, so the same statistics apply): each cell's measured expression.
+EXPRESSION_TARGET = "expression"
+
 #: Magnification labels and the target resolution each is read at (µm per pixel).
 MagnificationName = Literal["40x", "20x", "10x"]
 MAGNIFICATIONS: tuple[MagnificationName, ...] = get_args(MagnificationName)
@@ -49,6 +53,15 @@ PAPER_SEEDS: dict[str, int] = {"is": 5, "iocd": 3, "mocv": 3, "looo": 3}
 PAPER_MOCV_FOLDS = 5
 PAPER_MIN_TRAIN_CELLS: dict[str, int] = {"fine": 500, "coarse": 100}
 PAPER_MIN_TEST_CELLS: dict[str, int] = {"fine": 200, "coarse": 100}
+#: The paper's balanced units on S25 (the n of each mean ± SD): 11 organs for IS and LOOO, the 9 organs
+#: with two or more sections for IOCD, 5 folds for MOCV; and the units its cross-domain Wilcoxon tests
+#: pair, each once per seed (Table 5's legend: 23 held-out sections for IOCD, 11 held-out organs for
+#: LOOO; the 5 MOCV folds).
+PAPER_BALANCED_UNITS: dict[str, int] = {"is": 11, "iocd": 9, "mocv": 5, "looo": 11}
+PAPER_WILCOXON_UNITS: dict[str, int] = {"iocd": 23, "mocv": 5, "looo": 11}
+#: The paper's models a placement re-runs beside the user's by default: the two cheapest public
+#: checkpoints with a timm or transformers loader (21M and 86M parameters, ViT/16, no gated access).
+PLACEMENT_ANCHORS: tuple[str, ...] = ("kaiko-vit-s-16", "phikon")
 
 #: The configurations ``cellpath plan`` and ``cellpath validate`` take (``--preset``): the params as
 #: they are, the paper's, or placement (the paper's, at the headline condition only, for the

@@ -57,10 +57,16 @@ class SSHServer:
     user: str
     key: Path
     log: Path
+    host_key: Path  # the server's public host key (``ssh-ed25519 AAAA…``)
 
     def url(self, path: Path) -> str:
         """The ``ssh://`` URL of an absolute path on this machine, as a DVC remote's url."""
         return f"ssh://{self.user}@127.0.0.1:{self.port}{path}"
+
+    def known_hosts_line(self) -> str:
+        """The server's key as a line of a known_hosts file (``[127.0.0.1]:port ssh-ed25519 AAAA…``)."""
+        algorithm, blob = self.host_key.read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {algorithm} {blob}\n"
 
 
 def _keygen(path: Path) -> None:
@@ -100,14 +106,16 @@ def ssh_server() -> Iterator[SSHServer]:
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "PermitRootLogin prohibit-password", f"AllowUsers {getpass.getuser()}",
             "StrictModes no",  # the keys live in a temporary folder, not the user's ~/.ssh
-            "Subsystem sftp internal-sftp", "LogLevel VERBOSE", "",
+            "Subsystem sftp internal-sftp", "AllowAgentForwarding yes",
+            "LogLevel DEBUG1", "",  # VERBOSE's logins, and the channel requests (an agent forwarding asked for)
         ]))
         if os.geteuid() == 0:
             PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
         server = subprocess.Popen([_which("sshd"), "-D", "-f", str(conf), "-E", str(log)],
                                   stdin=subprocess.DEVNULL, start_new_session=True)
         _wait_for_banner(port, server, log)
-        yield SSHServer(port=port, user=getpass.getuser(), key=user_key, log=log)
+        yield SSHServer(port=port, user=getpass.getuser(), key=user_key, log=log,
+                        host_key=root / "host_ed25519.pub")
     finally:
         if server is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -4,7 +4,8 @@ One cluster (tests/helpers/slurm.py: munged, slurmctld and slurmd on this machin
 temporary folder) serves the module. Each test copies the tiny DVC project after its local run
 (``tiny_dvc_run``: the reference), removes the probe and robustness task shards and reruns those
 stages with ``executor: {backend: dask, cluster: slurm, workers: 2}``: every Dask worker is a SLURM
-job running this virtual environment's Python. Checked: the outputs equal the local run's; the jobs
+job running this virtual environment's Python, talking TLS with its scheduler. Checked: the outputs equal
+the local run's; the jobs
 the cluster submitted end up in the job completion log (``sacct -c``); a worker job cancelled
 mid-task (``scancel``) is survived (Dask reruns the task on the other worker), and with every
 worker job cancelled the stage fails once ``executor.startup_timeout_s`` has passed, keeps its
@@ -146,6 +147,9 @@ def test_probe_and_robustness_on_slurm_give_the_local_results(tiny_dvc_run, refe
     work = _project(tiny_dvc_run, slurm, tmp_path / "work")
     run = _repro(work, slurm, ("probe", "robustness"))
     assert run.returncode == 0, run.log
+    # each stage's scheduler spoke TLS with its workers, its dashboard on loopback (docs/decisions/0048)
+    assert len(re.findall(r"Dask slurm cluster, scheduler tls://\S+, dashboard http://127\.0\.0\.1:", run.log)) == 2, \
+        run.log
     jobs = run.jobs()
     assert len(jobs) == 2 and all(len(ids) == 2 for ids in jobs), run.log  # two worker jobs per stage
     states = _assert_accounted(slurm, [job for ids in jobs for job in ids])
@@ -174,7 +178,9 @@ class SlurmGate:
             key = waiting.read_text()
             pid = (self.folder / f"{waiting.stem}.pid").read_text()
             waiting.unlink()
-            self.arrivals.append((key, _job_of(int(pid))))
+            job = _job_of(int(pid))
+            if job is not None:  # else its process ended before it was seen (a worker of a cancelled job that
+                self.arrivals.append((key, job))  # its nanny restarted): Dask reruns the task elsewhere
         for key, job in self.arrivals:
             if decide(key, job):
                 self.release(key)
@@ -183,9 +189,12 @@ class SlurmGate:
         (self.folder / f"{gate_name(key)}.go").touch()
 
 
-def _job_of(pid: int) -> str:
-    """The SLURM job a process runs in."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+def _job_of(pid: int) -> str | None:
+    """The SLURM job a process runs in; None when the process has ended."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
     return next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"SLURM_JOB_ID="))
 
 

@@ -15,12 +15,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cellpath.io.ssh_remote import KNOWN_HOSTS_ENV
 from helpers.dvc_project import cached_files, dvc_env, run
 from helpers.project import HANG_GUARD_S
 from helpers.sshd import SSHServer, skip_reason, ssh_server
@@ -37,6 +39,111 @@ if (SKIP := skip_reason()) is not None:
 def sshd() -> Iterator[SSHServer]:
     with ssh_server() as server:
         yield server
+
+
+@pytest.fixture
+def known(sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A known_hosts file that lists the server's key, named in CELLPATH_SSH_KNOWN_HOSTS for the `dvc` runs."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts_line())
+    monkeypatch.setenv(KNOWN_HOSTS_ENV, str(known_hosts))
+    return known_hosts
+
+
+def _small_repo(server: SSHServer, where: Path) -> tuple[Path, Path]:
+    """A git + DVC repository with one tracked file and an SSH remote; the repository and the remote's folder."""
+    repo, store = where / "repo", where / "store"
+    repo.mkdir()
+    store.mkdir()
+    run(["git", "init", "-q"], repo)
+    run(["dvc", "init", "-q"], repo)
+    (repo / "data.txt").write_text("cells\n" * 100)
+    run(["dvc", "add", "-q", "data.txt"], repo)
+    run(["dvc", "remote", "add", "--default", "lab", server.url(store)], repo)
+    run(["dvc", "remote", "modify", "--local", "lab", "keyfile", str(server.key)], repo)
+    return repo, store
+
+
+def _logins(server: SSHServer) -> int:
+    return server.log.read_text().count("Accepted publickey")
+
+
+def test_an_unknown_host_key_is_refused_with_the_command_that_adds_it(sshd, tmp_path, monkeypatch):
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    monkeypatch.setenv(KNOWN_HOSTS_ENV, str(known_hosts))
+    repo, store = _small_repo(sshd, tmp_path)
+    logins = _logins(sshd)
+    output = _fails(["dvc", "push"], repo)
+    fingerprint = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(sshd.host_key)], capture_output=True,
+                                 text=True, check=True).stdout.split()[1]
+    assert f"host key (ssh-ed25519 {fingerprint}) is not in {known_hosts} for [127.0.0.1]:{sshd.port}" in output
+    command = f"ssh-keyscan -p {sshd.port} -t ssh-ed25519 127.0.0.1 >> {known_hosts}"
+    assert command in output
+    assert _logins(sshd) == logins and not list(store.iterdir())  # refused before logging in: nothing sent
+    subprocess.run(command, shell=True, check=True, capture_output=True, timeout=HANG_GUARD_S)  # the one command
+    assert "1 file pushed" in run(["dvc", "push"], repo)
+    assert _logins(sshd) == logins + 1
+
+
+def test_a_changed_host_key_is_refused(sshd, tmp_path, monkeypatch):
+    other = tmp_path / "other_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=60)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2]))
+    monkeypatch.setenv(KNOWN_HOSTS_ENV, str(known_hosts))
+    repo, store = _small_repo(sshd, tmp_path)
+    assert "an unknown or changed key may be a man in the middle" in _fails(["dvc", "push"], repo)
+    assert not list(store.iterdir())
+
+
+def test_the_agent_is_not_forwarded(sshd, known, tmp_path, monkeypatch):
+    """With an ssh-agent running and holding the user's key, a push asks the server for no agent
+    forwarding; the control (asyncssh asked to forward, as dvc-ssh does unpatched) shows the server
+    logs that request, so its absence is not a blind spot of the log."""
+    socket = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket))
+        subprocess.run(["ssh-add", "-q", str(sshd.key)], check=True, capture_output=True, timeout=60)
+        repo, _ = _small_repo(sshd, tmp_path)
+        start = len(sshd.log.read_text())
+        assert "1 file pushed" in run(["dvc", "push"], repo)
+        pushed = sshd.log.read_text()[start:]
+        assert "Accepted publickey" in pushed and "auth-agent-req" not in pushed
+        start = len(sshd.log.read_text())
+        _sftp_listing(sshd, known, agent_forwarding=True)
+        assert "auth-agent-req" in sshd.log.read_text()[start:]  # the control: a forwarding request is logged
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(timeout=30)
+
+
+def _sftp_listing(server: SSHServer, known_hosts: Path, *, agent_forwarding: bool) -> None:
+    import asyncio
+
+    import asyncssh
+
+    async def listing() -> None:
+        async with asyncssh.connect("127.0.0.1", port=server.port, username=server.user,
+                                    client_keys=[str(server.key)], known_hosts=str(known_hosts),
+                                    agent_forwarding=agent_forwarding) as conn:
+            async with conn.start_sftp_client() as sftp:
+                await sftp.listdir("/")
+
+    asyncio.run(listing())
+
+
+def test_the_patch_is_in_every_python_of_the_environment():
+    """`dvc` runs in a Python of its own: the startup file `make install` writes patches dvc_ssh there too."""
+    code = ("import dvc_ssh; from cellpath.io.ssh_remote import MARK; "
+            "print(getattr(dvc_ssh.SSHFileSystem._prepare_credentials, MARK, False))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.stdout.strip() == "True", done.stderr
 
 
 def _checkout_with_remote(tiny_dvc_run, server: SSHServer, where: Path) -> tuple[Path, Path]:
@@ -107,7 +214,7 @@ def _kill_once_objects_arrive(work: Path, store: Path) -> None:
     push.wait(timeout=60)
 
 
-def test_ssh_push_interrupted_completes_on_rerun_and_a_fresh_clone_pulls_it(tiny_dvc_run, sshd, tmp_path):
+def test_ssh_push_interrupted_completes_on_rerun_and_a_fresh_clone_pulls_it(tiny_dvc_run, sshd, known, tmp_path):
     """`dvc push` over SSH (through sshd, not the local filesystem). A push that fails mid-way (one
     object cannot be written: a folder stands at its path) sends every other file and no directory
     manifest that lists the missing one; the rerun sends the rest. A push killed outright leaves at

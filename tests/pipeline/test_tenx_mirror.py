@@ -17,6 +17,7 @@ import yaml
 
 from cellpath.config import parse_params
 from cellpath.io.layout import label_summary_csv, raw_dir, section_index_csv, section_labels, section_zarr
+from cellpath.sources.lock import read_lock
 from cellpath.sources.synthetic import fetch_synthetic
 from helpers.dvc_project import make_tiny_project, run
 from helpers.http_server import serving
@@ -80,9 +81,12 @@ def test_dvc_repro_fetches_ingests_and_annotates_from_a_mirror(tmp_path: Path) -
     for index_row, (section, layout) in enumerate(SECTIONS):
         record = json.loads((raw_dir(data) / section.section_id / "section.json").read_text())
         assert record["source"] == "10x" and record["prefix"] == f"{section.name}_"
-        assert ("md5" in record["files"]["bundle"]) == (index_row != 1)
+        assert record["files"]["bundle"]["verified"] == ("published checksum" if index_row != 1 else "first use")
         assert index.loc[section.section_id, "xenium_software"] == f"xenium-{VERSIONS[layout]}"
         assert section_zarr(data, section.section_id).is_dir()
         assert len(pd.read_parquet(section_labels(data, section.section_id))) > 0
     assert sorted(pd.read_csv(label_summary_csv(data))["section_id"]) == sorted(index.index)
-    assert not (data / ".downloads").exists() or not any((data / ".downloads").iterdir())
+    assert [p.name for p in (data / ".downloads").iterdir()] == [".fetch.lock"]  # each section's cache removed
+    lock = read_lock(work / "data" / "manifests" / "xenium_datasets.lock.csv")  # every file's first download
+    assert sorted(lock) == sorted((section.section_id, kind) for section, _ in SECTIONS
+                                  for kind in ("bundle", "he_image", "he_alignment"))

@@ -27,6 +27,7 @@ import anndata as ad
 import h5py
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tifffile
@@ -155,6 +156,49 @@ def _zarr_ids_mismatch(folder: Path) -> None:
     shutil.rmtree(work)
 
 
+def _zarr_chunk_missing(folder: Path) -> None:
+    """cells.zarr.zip without the first chunk of cell_summary (an archive that lost a member)."""
+    import zipfile
+
+    path = folder / "cells.zarr.zip"
+    with zipfile.ZipFile(path) as zf:
+        members = {info.filename: zf.read(info) for info in zf.infolist()}
+    chunk = next(name for name in sorted(members) if name.startswith("cell_summary/") and name[-1].isdigit())
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            if name != chunk:
+                zf.writestr(name, data)
+
+
+def _repeat_cell_ids(folder: Path) -> None:
+    """The first cell's id given to the second too, in cells.parquet and the matrix alike (same order)."""
+    table = pq.read_table(folder / "cells.parquet")
+    ids = table.column("cell_id").to_pylist()
+    ids[1] = ids[0]
+    pq.write_table(table.set_column(table.column_names.index("cell_id"), "cell_id",
+                                    pa.array(ids, type=table.schema.field("cell_id").type)), folder / "cells.parquet")
+    with h5py.File(folder / "cell_feature_matrix.h5", "r+") as f:
+        barcodes = f["matrix/barcodes"][:]
+        barcodes[1] = barcodes[0]
+        f["matrix/barcodes"][:] = barcodes
+
+
+def _bad_count(value: float) -> Callable[[Path], None]:
+    """One stored count of the matrix replaced by ``value`` (NaN, or a negative number)."""
+    def corrupt(folder: Path) -> None:
+        with h5py.File(folder / "cell_feature_matrix.h5", "r+") as f:
+            data = f["matrix/data"]
+            if not np.issubdtype(data.dtype, np.floating) and np.isnan(value):
+                values = data[:].astype(np.float32)
+                del f["matrix/data"]
+                f["matrix/data"] = values
+                data = f["matrix/data"]
+            values = data[:]
+            values[3] = value
+            data[:] = values
+    return corrupt
+
+
 def _empty_section(folder: Path) -> None:
     """A section with 0 cells: a 0-barcode matrix and a cells.parquet with its columns but no rows."""
     with h5py.File(folder / "cell_feature_matrix.h5", "r+") as f:
@@ -213,6 +257,17 @@ INGEST_ROWS = {
                             IN_SECTION + ALIGNMENT + r": \d+ of 399 cells map outside the 300×300 px H&E image"),
     "empty-section": Row(_ingest_row(_empty_section), InputError,
                          IN_SECTION + r"cells\.parquet: cells\.parquet has no cells"),
+    "cells-zarr-zip-chunk-missing": Row(_ingest_row(_zarr_chunk_missing), InputError,
+                                        IN_SECTION + r"cells\.zarr\.zip: cell_summary: 1 of its 1 chunks \(\d+ cells "
+                                        r"each\) are missing from the archive, and would read as 0\.0 \(cells at 0 µm\)"),
+    "ids-repeated-in-every-file": Row(_ingest_row(_repeat_cell_ids), InputError,
+                                      IN_SECTION + r"cells\.parquet: 1 cell ids repeat \(e\.g\. \S+\); every later "
+                                      r"step joins on cell_id"),
+    "counts-nan": Row(_ingest_row(_bad_count(float("nan"))), InputError,
+                      IN_SECTION + r"cell_feature_matrix\.h5: 1 counts are NaN, infinite or negative \(e\.g\. "
+                      r"nan\)"),
+    "counts-negative": Row(_ingest_row(_bad_count(-2)), InputError,
+                           IN_SECTION + r"cell_feature_matrix\.h5: 1 counts are NaN, infinite or negative"),
 }
 
 
@@ -259,7 +314,19 @@ def _one_class_section(tmp: Path, panel: dict, _mp) -> Scenario:
     return scenario
 
 
+def _nan_reference_count(adata: ad.AnnData) -> ad.AnnData:
+    from scipy import sparse
+
+    counts = sparse.csr_matrix(adata.X, dtype=np.float32)
+    counts.data[0] = np.nan
+    adata.X = counts
+    return adata
+
+
 ANNOTATE_ROWS = {
+    "reference-counts-nan": Row(lambda tmp, panel, _mp: _annotate_with_reference(tmp, panel, _nan_reference_count),
+                                InputError, r"^\S+/references/breast\.h5ad: reference counts \(X\) contains 1 NaN or "
+                                r"infinite counts$"),
     "reference-without-panel-genes": Row(
         lambda tmp, panel, _mp: _annotate_with_reference(tmp, panel, _rename_genes), InputError,
         r"^\S+/references/breast\.h5ad: the reference's genes are Ensembl ids \(e\.g\. ENSG00000000000\) and var has "
@@ -439,7 +506,34 @@ PARAMS_ROWS = {
     "params-out-of-range": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["probe"].update(val_fraction=1.5)),
                                ConfigError,
                                r"^\S+/params\.yaml: key `probe\.val_fraction`: Input should be less than 1 \(got 1\.5\)$"),
+    "params-true-for-an-integer": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["tenx"].update(retries=True)),
+                                      ConfigError, r"^\S+/params\.yaml: key `tenx\.retries`: Input should be a valid "
+                                      r"integer \(got True\); write a whole number"),
+    "params-true-for-the-seed": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d.update(seed=True)),
+                                    ConfigError, r"^\S+/params\.yaml: key `seed`: Input should be a valid integer"),
+    "params-infinite-c": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["probe"].update(c_grid=[float("inf")])),
+                             ConfigError, r"^\S+/params\.yaml: key `probe\.c_grid\[0\]`: Input should be a finite "
+                             r"number \(got inf\); write a finite number"),
+    "params-past-the-bound": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["tenx"].update(
+        max_file_bytes=2**60)), ConfigError, r"^\S+/params\.yaml: key `tenx\.max_file_bytes`: Input should be less "
+        r"than or equal to 1125899906842624"),
+    "params-float-for-an-integer": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["tenx"].update(
+        max_file_bytes=1e30)), ConfigError, r"^\S+/params\.yaml: key `tenx\.max_file_bytes`: Input should be a valid "
+        r"integer"),
+    "params-password-in-a-url": Row(lambda tmp, _p, _mp: _params_file(tmp, lambda d: d["mlflow"].update(
+        tracking_uri="http://alice:s3cret@mlflow.lab:5000")), ConfigError,
+        r"^\S+/params\.yaml: key `mlflow\.tracking_uri`: holds a password or token, .* MLFLOW_TRACKING_PASSWORD"),
+    "params-not-utf-8": Row(lambda tmp, _p, _mp: _latin1_params(tmp), ConfigError,
+                            r"^\S+/params\.yaml: not UTF-8 text: byte 0xe9 on line \d+ \(invalid continuation byte\); "
+                            r"save it as UTF-8"),
 }
+
+
+def _latin1_params(tmp: Path) -> Scenario:
+    scenario = _params_file(tmp, lambda d: d["report"].update(title="Résumé"))
+    path = tmp / "params.yaml"
+    path.write_bytes(path.read_text(encoding="utf-8").encode("latin-1"))
+    return scenario
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,4 +643,4 @@ def test_bad_input(row_id, tiny_panel, tmp_path, monkeypatch):
 
 def test_row_count():
     """docs/reliability.md quotes this number; change both together."""
-    assert len(ROWS) == 25
+    assert len(ROWS) == 37

@@ -116,6 +116,40 @@ def test_params_hold_no_token_and_refuse_one(tmp_path):
         assert FAKE_TOKEN not in str(err.value)  # the message names the key, not the value
 
 
+@pytest.mark.parametrize(("key", "url"), [
+    (("mlflow", "tracking_uri"), "http://alice:s3cretPass@mlflow.lab:5000"),
+    (("mlflow", "tracking_uri"), "postgresql://mlflow:s3cretPass@db.lab/mlflow"),
+    (("mlflow", "artifact_location"), "s3://bucket/runs?X-Amz-Signature=s3cretPass"),
+    (("tenx", "mirror"), "https://alice:s3cretPass@mirror.lab/xenium"),
+    (("executor", "address"), "tls://alice:s3cretPass@scheduler.lab:8786"),
+])
+def test_a_url_with_a_password_or_token_is_refused_without_echoing_it(key, url):
+    data = tiny_params().model_dump(mode="json")
+    data[key[0]][key[1]] = url
+    if key[0] == "executor":
+        data["executor"]["backend"] = "dask"
+    with pytest.raises(ConfigError) as err:
+        parse_params(data)
+    message = str(err.value)
+    assert f"key `{'.'.join(key)}`: holds a password or token" in message
+    assert "MLFLOW_TRACKING_PASSWORD" in message and "PGPASSWORD" in message
+    assert "s3cretPass" not in message
+
+
+def test_a_manifest_url_with_a_password_is_refused(tmp_path):
+    from cellpath.errors import InputError
+    from cellpath.sources.tenx import MANIFEST_COLUMNS, read_manifest
+
+    row = dict.fromkeys(MANIFEST_COLUMNS, "")
+    row |= {"section_id": "s1", "cells": "1", "panel_s25": "1", "prefix": "S_",
+            "bundle_url": "https://alice:s3cretPass@cf.example/S_outs.zip"}
+    path = tmp_path / "manifest.csv"
+    path.write_text(",".join(MANIFEST_COLUMNS) + "\n" + ",".join(row[c] for c in MANIFEST_COLUMNS) + "\n")
+    with pytest.raises(InputError, match="column bundle_url: a URL that holds a password or token") as err:
+        read_manifest(path)
+    assert "s3cretPass" not in str(err.value)
+
+
 def test_source_reads_no_token():
     """No module reads a token variable or passes a token to huggingface_hub; weights come from disk."""
     reads = re.compile(r"(environ|getenv)\b[^\n]*TOKEN|\b(token|use_auth_token)\s*=|get_token\(|\blogin\(")

@@ -121,7 +121,8 @@ def test_install_loads_nothing_heavy_and_patches_pandas_when_it_loads():
     """``cellpath fetch`` sets numpy's CPU dispatch before numpy loads: installing must not import it; the
     finder it leaves patches pandas when pandas loads, then removes itself."""
     code = (f"import sys; {GUARD}heavy = sorted({{'numpy', 'pandas', 'pyarrow'}} & set(sys.modules)); "
-            "import pandas; print(heavy, guard.installed(), sum(isinstance(f, guard._PatchWhenLoaded) "
+            "import pandas; from cellpath.io.import_hooks import PatchWhenLoaded; "
+            "print(heavy, guard.installed(), sum(isinstance(f, PatchWhenLoaded) and f.fullname == guard.PANDAS_PARQUET "
             "for f in sys.meta_path))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr

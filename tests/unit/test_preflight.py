@@ -146,7 +146,7 @@ def _write_manifest(path: Path, with_urls: bool, sections=TENX_SECTIONS) -> None
                    panel_s25="1", page_url="https://example.org", prefix=f"{section}_")
         if with_urls:
             for kind in ("bundle", "he_image", "he_alignment"):
-                row[f"{kind}_url"] = f"http://127.0.0.1:1/{section}/{kind}"
+                row[f"{kind}_url"] = f"http://127.0.0.1:1/{section}/{kind}" + ("_outs.zip" if kind == "bundle" else "")
         rows.append(row)
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(path, index=False)

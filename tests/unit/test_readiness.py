@@ -74,7 +74,10 @@ def project(tmp_path, monkeypatch) -> Path:
     fetched = tmp_path / "data" / "raw" / "liver_a"
     fetched.mkdir(parents=True)
     first = read_manifest(tmp_path / "manifest.csv")[0]
-    (fetched / "section.json").write_text(json.dumps(section_record(first)))
+    files = {kind: {"url": getattr(first, kind).url, "bytes": 100 if kind == "bundle" else 7,
+                    "md5": "0" * 32 if kind == "bundle" else "1" * 32, "sha256": "2" * 64,
+                    "verified": "published checksum" if kind == "bundle" else "first use"} for kind in SUFFIXES}
+    (fetched / "section.json").write_text(json.dumps({**section_record(first), "files": files}))
     _reference(tmp_path / "data" / "references" / "tabula_sapiens_normal.h5ad")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.chdir(tmp_path)
@@ -106,6 +109,22 @@ def test_three_sections_ready_without_reference_and_with_a_derived_url(project):
     assert "To check (not blocking):\n  - check https://example.org/colon_c for the H&E image" in text
     rows = {line.split()[0]: line.split()[-2:] for line in text.splitlines() if line.startswith(("liver_a", "lung_"))}
     assert rows == {"liver_a": ["built-in", "ready"], "lung_b": ["not", "ready"]}
+
+
+def test_validate_counts_how_each_file_is_verified_and_refuses_a_conflicting_lock(project):
+    lock = project / "manifest.lock.csv"
+    rows = [f"liver_a,{kind},https://x/{kind},{100 if kind == 'bundle' else 7},{'0' * 32 if kind == 'bundle' else '1' * 32},"
+            f"{'2' * 64}" for kind in SUFFIXES]
+    lock.write_text("section_id,kind,url,bytes,md5,sha256\n" + "\n".join(rows) + "\n")
+    report = _readiness(project)
+    assert report.problems == () and report.sections[0].sums == "MBL/L/L"
+    assert (f"Checksums of the 9 files: 3 verified by a published checksum, 2 verified by first use "
+            f"({project / 'manifest.lock.csv'}), 4 not yet downloaded") in render(report)
+    lock.write_text(lock.read_text().replace("0" * 32, "9" * 32))  # the lock's bundle MD5 against the manifest's
+    (problem,) = _readiness(project).problems
+    assert problem.where == f"tenx.lock {project / 'manifest.lock.csv'}"
+    assert problem.message == (f"section liver_a: bundle_md5 is {'0' * 32} in the manifest, but the file first "
+                               f"downloaded from https://x/bundle had {'9' * 32}")
 
 
 def test_a_derived_url_already_downloaded_needs_no_check(project):
@@ -210,14 +229,20 @@ def test_paper_preset_lists_the_25_panel_sections_and_fails_without_references(m
 
 def test_placement_preset_checks_the_paper_panel_for_the_users_encoders(monkeypatch, tmp_path, capsys):
     """`--preset placement`: the same 25 sections, titled with the placement configuration and the
-    encoders of params.yaml (not the paper's 30); --record refused as for the paper's preset."""
+    encoders of params.yaml and the default anchors (not the paper's 30), whose weights are not here;
+    with ``--anchors`` alone, none; --record refused as for the paper's preset."""
     monkeypatch.chdir(PROJECT_ROOT)
     assert main(["validate", "--preset", "placement", "--data-dir", str(tmp_path / "data")]) == 2
-    lines = capsys.readouterr().err.splitlines()
+    text = capsys.readouterr().err
+    lines = text.splitlines()
     encoders = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())["extract"]["encoders"]
     assert lines[1].endswith(f"in the placement configuration (the paper's at its headline condition) for "
-                             f"{', '.join(encoders)}")
+                             f"{', '.join(encoders + ['kaiko-vit-s-16', 'phikon'])}")
     assert lines[-1].startswith("0 of 25 sections ready")
+    assert "2 of the configuration's 4 encoders cannot run here (kaiko-vit-s-16, phikon)" in text
+    assert main(["validate", "--preset", "placement", "--anchors", "--data-dir", str(tmp_path / "data")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].endswith(f"for {', '.join(encoders)}")
     assert not any("of the configuration's" in line for line in lines)  # the default's encoders need no weights
     assert main(["validate", "--preset", "placement", "--record", str(tmp_path / "v.json")]) == 2
     assert "leave out --preset placement" in capsys.readouterr().err
@@ -227,12 +252,13 @@ def test_placement_preset_checks_the_encoders_of_models(monkeypatch, tmp_path, c
     """`--models`: the placement's encoders named on the command line; one without weights here is the
     configuration's problem, named; --models without a paper-panel preset is refused."""
     monkeypatch.chdir(PROJECT_ROOT)
-    assert main(["validate", "--preset", "placement", "--models", "filterbank-dense", "--data-dir",
+    assert main(["validate", "--preset", "placement", "--models", "filterbank-dense", "--anchors", "--data-dir",
                  str(tmp_path / "data")]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines[1].endswith("(the paper's at its headline condition) for filterbank-dense")
     assert not any("of the configuration's" in line for line in lines)
-    assert main(["validate", "--preset", "placement", "--models", "uni2", "--data-dir", str(tmp_path / "data")]) == 2
+    assert main(["validate", "--preset", "placement", "--models", "uni2", "--anchors", "--data-dir",
+                 str(tmp_path / "data")]) == 2
     text = capsys.readouterr().err
     assert "for uni2" in text and "1 of the configuration's 1 encoders cannot run here (uni2)" in text
     assert main(["validate", "--models", "uni2"]) == 2

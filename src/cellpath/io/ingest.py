@@ -181,6 +181,9 @@ def _read_nucleus_centroids(bundle: Bundle) -> tuple[pd.DataFrame, str]:
             raise zipfile.BadZipFile(f"member {bad} is corrupt")
         store = zarr.storage.ZipStore(path, mode="r")
         root = zarr.open_group(store=store, mode="r")
+        for name in ("cell_id", "cell_summary"):
+            if name in root:
+                _check_every_chunk(root[name], name, path, bundle.section_id)
         cell_id = np.asarray(root["cell_id"][:])
         summary_array = root["cell_summary"] if "cell_summary" in root else None
         summary = None if summary_array is None else np.asarray(summary_array[:])
@@ -207,6 +210,17 @@ def _read_nucleus_centroids(bundle: Bundle) -> tuple[pd.DataFrame, str]:
         "nucleus_x_um": summary[:, columns.index("nucleus_centroid_x")],
         "nucleus_y_um": summary[:, columns.index("nucleus_centroid_y")],
     }), FROM_SUMMARY
+
+
+def _check_every_chunk(array: zarr.Array, name: str, path: Path, section: str) -> None:
+    """An array whose archive lacks some of its chunks reads them as the fill value, silently (zarr writes
+    a chunk unless it is all fill value, which no chunk of cell ids or centroids is): refuse it."""
+    missing = array.nchunks - array.nchunks_initialized
+    if missing:
+        rows = array.chunks[0]
+        raise InputError(f"{name}: {missing} of its {array.nchunks} chunks ({rows} cells each) are missing from the "
+                         f"archive, and would read as {np.asarray(array.fill_value).item()!r} (cells at 0 µm); the bundle is incomplete, "
+                         "re-download it", path=path, section=section)
 
 
 def _zarr_cell_ids(cell_id: np.ndarray, path: Path, section: str) -> np.ndarray:
@@ -372,6 +386,11 @@ def _read_cells(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
     _check_optional_parquet(bundle)
     if len(cells) == 0:
         raise InputError("cells.parquet has no cells", path=bundle.file("cells.parquet"), section=section)
+    repeated = cells["cell_id"][cells["cell_id"].duplicated()]
+    if len(repeated):
+        raise InputError(f"{len(repeated)} cell ids repeat (e.g. {repeated.iloc[0]}); every later step joins on "
+                         "cell_id, so each must name one cell: the bundle is damaged or was merged from several runs",
+                         path=bundle.file("cells.parquet"), section=section)
     if len(cells) != len(barcodes) or not np.array_equal(cells["cell_id"].to_numpy(), barcodes):
         unmatched = len(set(cells["cell_id"]) ^ set(barcodes))
         raise InputError(
@@ -383,6 +402,16 @@ def _read_cells(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise InputError("cell ids of cells.zarr.zip do not match cells.parquet", path=bundle.file("cells.zarr.zip"),
                          section=section)
     return cells, nuclei.assign(source=source)
+
+
+def _check_counts(matrix, path: Path, section: str) -> None:
+    """Transcript counts are finite and non-negative (a NaN or a negative count is no measurement)."""
+    values = matrix.data if hasattr(matrix, "data") and not isinstance(matrix, np.ndarray) else np.asarray(matrix)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        raise InputError(f"{int(bad.sum())} counts are NaN, infinite or negative (e.g. {float(values[bad][0])}); "
+                         "Xenium counts are whole numbers ≥ 0: the matrix is damaged, re-download the bundle",
+                         path=path, section=section)
 
 
 def build_section_table(bundle: Bundle):
@@ -409,6 +438,7 @@ def build_section_table(bundle: Bundle):
             "does not belong to this image or the image is cropped", path=bundle.he_alignment, section=section)
 
     table = _read_table(bundle)
+    _check_counts(table.X, bundle.file("cell_feature_matrix.h5"), section)
     table.obs_names = table.obs["cell_id"].astype(str).to_numpy() if "cell_id" in table.obs else table.obs_names
     if not np.array_equal(table.obs_names.to_numpy(), cells["cell_id"].to_numpy()):
         raise InputError("spatialdata-io returned cells in another order than cells.parquet", path=bundle.folder,

@@ -107,6 +107,11 @@ def work_root(data_dir: Path) -> Path:
     return Path(data_dir) / ".work"
 
 
+def stage_lock(data_dir: Path, stage: str) -> Path:
+    """The lock a stage holds on its work folder while it runs: ``data/.work/<stage>.lock``."""
+    return work_root(data_dir) / f"{stage}.lock"
+
+
 # --------------------------------------------------------------------------- reports/
 def stage_log(reports: Path, stage: str) -> Path:
     """The log of a stage's last run (``reports/logs/<stage>.log``; ignored by git, attached to MLflow)."""
@@ -156,6 +161,16 @@ def gallery_index_json(reports: Path) -> Path:
 def probe_metrics_json(reports: Path) -> Path:
     """The probe's DVC metrics: ``reports/metrics.json``."""
     return Path(reports) / "metrics.json"
+
+
+def expression_reports(reports: Path) -> Path:
+    """The expression probes' run table, per-gene table, gene lists and summaries: ``reports/expression/``."""
+    return Path(reports) / "expression"
+
+
+def expression_metrics_json(reports: Path) -> Path:
+    """The expression stage's DVC metrics: ``reports/expression_metrics.json``."""
+    return Path(reports) / "expression_metrics.json"
 
 
 def robustness_reports(reports: Path) -> Path:

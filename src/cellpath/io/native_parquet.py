@@ -22,6 +22,9 @@ from __future__ import annotations
 import os
 import sys
 
+from cellpath.io import import_hooks
+from cellpath.io.import_hooks import patch_now_or_when_loaded
+
 PANDAS_PARQUET = "pandas.io.parquet"
 #: Set on the replacement function, so that a second install (or a reload) does not wrap it twice.
 MARK = "__cellpath_native_local_reads__"
@@ -31,11 +34,7 @@ FIXED_IN = (3, 1)
 
 def install() -> None:
     """Make pandas hand pyarrow local parquet paths, not Python file objects (now, or once pandas loads)."""
-    module = sys.modules.get(PANDAS_PARQUET)
-    if module is not None:
-        patch(module)
-    elif not any(isinstance(finder, _PatchWhenLoaded) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchWhenLoaded())
+    patch_now_or_when_loaded(PANDAS_PARQUET, patch)
 
 
 def installed() -> bool:
@@ -81,46 +80,12 @@ def _native_local_reads(original, module):
     return _get_path_or_handle
 
 
-class _PatchWhenLoaded:
-    """A ``sys.meta_path`` finder that lets the other finders load ``pandas.io.parquet``, then patches it."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != PANDAS_PARQUET:
-            return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        execute = loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            patch(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-
-        loader.exec_module = exec_module
-        return spec
-
-
 #: The startup file ``make install`` writes into the virtual environment, so that every Python of it —
 #: a user's script, a notebook kernel — reads local parquet files natively, not only cellpath's commands.
 #: It does nothing where cellpath cannot be imported.
 STARTUP_FILE = "cellpath_native_parquet.pth"
-STARTUP_LINE = ('import sys; exec("try:\\n    from cellpath.io import native_parquet\\nexcept ImportError:\\n    pass'
-                '\\nelse:\\n    native_parquet.install()")\n')
 
 
 def write_startup_file(site_packages: str | None = None) -> str:
     """Write :data:`STARTUP_FILE` into ``site_packages`` (default: this interpreter's purelib); returns its path."""
-    import sysconfig
-    from pathlib import Path
-
-    path = Path(site_packages or sysconfig.get_paths()["purelib"]) / STARTUP_FILE
-    path.write_text(STARTUP_LINE)
-    return str(path)
+    return import_hooks.write_startup_file(STARTUP_FILE, "native_parquet", site_packages)

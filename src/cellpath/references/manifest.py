@@ -9,11 +9,13 @@ data/manifests/references.md describes the columns.
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 from cellpath.errors import InputError
 from cellpath.io.layout import DEFAULT_MANIFEST
+from cellpath.io.text import read_utf8
 
 REFERENCE_MANIFEST = DEFAULT_MANIFEST.with_name("references.csv")
 
@@ -70,7 +72,7 @@ def read_reference_manifest(path: Path = REFERENCE_MANIFEST) -> dict[str, Refere
     path = Path(path)
     if not path.is_file():
         raise InputError("reference manifest not found; pass --manifest or run from the project's root", path=path)
-    with path.open(newline="", encoding="utf-8") as handle:
+    with io.StringIO(read_utf8(path), newline="") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in MANIFEST_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:

@@ -301,7 +301,8 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
         from cellpath.runtime.slurm import start_cluster
 
         with start_cluster(cfg) as cluster, Client(cluster) as client:
-            log.info("executor: Dask slurm cluster, dashboard %s", client.dashboard_link)
+            log.info("executor: Dask slurm cluster, scheduler %s, dashboard %s", client.scheduler.address,
+                     dashboard_address(cluster))
             yield client
         return
     import dask
@@ -309,12 +310,26 @@ def dask_client(cfg: ExecutorConfig, gpus: list[str]) -> Iterator[object]:
     # Dask gives its workers MALLOC_TRIM_THRESHOLD_=65536, which also turns off glibc's adaptive mmap
     # threshold: every large temporary is mapped and unmapped again. The filter bank ran 3.7x slower.
     with (_environment_kept(), dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}),
-          LocalCluster(n_workers=cfg.workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+          LocalCluster(n_workers=cfg.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                       dashboard_address=cfg.dashboard_address, security=True,  # TLS with throwaway certificates
                        resources={"GPU": 1} if gpus else None) as cluster, Client(cluster) as client):
         if gpus:
             client.register_plugin(_one_gpu_per_worker(gpus))
-        log.info("executor: Dask local cluster, dashboard %s", client.dashboard_link)
+        log.info("executor: Dask local cluster, scheduler %s, dashboard %s", client.scheduler.address,
+                 dashboard_address(cluster))
         yield client
+
+
+def dashboard_address(cluster) -> str:
+    """Where a cluster's dashboard really listens (``client.dashboard_link`` shows the scheduler's host,
+    whatever address the dashboard was bound to)."""
+    from distributed.comm.utils import get_tcp_server_addresses
+
+    server = getattr(getattr(cluster, "scheduler", None), "http_server", None)
+    if server is None:
+        return "not started here"
+    host, port = get_tcp_server_addresses(server)[0][:2]
+    return f"http://{host}:{port}/status"
 
 
 @contextlib.contextmanager

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from cellpath.errors import ExecutorError
 from cellpath.io.atomic import atomic_output, remove_path
 from cellpath.runtime.executor import Task
 from cellpath.io.layout import work_root
@@ -73,17 +76,32 @@ def file_fingerprint(paths: list[Path]) -> list[list]:
 
 
 def write_context(folder: Path, name: str, material: object, value: object) -> Path:
-    """Pickle what every task of a stage reads (the panel, the plan) once, keyed like a shard."""
+    """Pickle what every task of a stage reads (the panel, the plan) once, keyed like a shard; the file is
+    this user's and writable by nobody else (mode 0600), so that :func:`read_context` may trust it."""
     path = folder / f"{shard_key('context', name, material)}.pkl"
     if not path.is_file():
         with atomic_output(path) as tmp:
             tmp.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+            os.chmod(tmp, 0o600)
+    _check_own_file(path)
     return path
 
 
 def read_context(path: Path) -> object:
-    """A context written by :func:`write_context` (a file this project wrote itself)."""
+    """A context written by :func:`write_context`: unpickled only when it is this user's own file that no
+    one else can write (a pickle runs code as it loads)."""
+    _check_own_file(Path(path))
     return pickle.loads(Path(path).read_bytes())
+
+
+def _check_own_file(path: Path) -> None:
+    """Raise ExecutorError unless ``path`` is a regular file owned by this user, writable by no one else."""
+    info = path.lstat()
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ExecutorError(
+            f"{path}: a stage's work file that is not this user's own (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}); it is pickled state, which runs code when loaded, so it is not read. "
+            "Delete it (the stage writes it again), and keep the data folder's .work writable only by you")
 
 
 def prune(folder: Path, keep: list[Path]) -> int:

@@ -4,13 +4,16 @@
 the number of jobs. The jobs are submitted before the stage goes on, so a job that ``sbatch``
 refuses (more memory or cores than a node has, an unknown partition) fails the stage at once with
 sbatch's words and the setting to change, and a job that never starts is reported with the reason
-``squeue`` gives once ``executor.startup_timeout_s`` has passed (docs/scaling.md).
+``squeue`` gives once ``executor.startup_timeout_s`` has passed (docs/scaling.md). The scheduler and
+its workers talk TLS with throwaway certificates, and the dashboard listens on loopback, unless
+``executor.slurm`` says otherwise (:func:`cluster_arguments`).
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 from cellpath.config import ExecutorConfig
 from cellpath.errors import ExecutorError
@@ -19,6 +22,9 @@ PENDING_ADVICE = ("A job pending for Resources or Priority waits its turn (raise
                   "reason names the executor.slurm setting to change; a job that ended has its output in "
                   "executor.slurm.log_directory")
 MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}  # SLURM's sizes are binary
+#: the workers' copies of the scheduler's throwaway TLS certificate and key, under the home folder, which the
+#: nodes of almost every cluster share (elsewhere set executor.slurm.shared_temp_directory)
+TLS_FOLDER = Path(".cache") / "cellpath" / "dask-tls"
 COMMAND_TIMEOUT_S = 60  # a SLURM client command that hangs longer has lost its controller
 # sbatch's refusal → the executor.slurm setting that caused it
 REFUSALS = ((r"memory", "memory"), (r"cpu count|cores|tasks", "cores"), (r"partition", "queue"),
@@ -33,7 +39,7 @@ def start_cluster(cfg: ExecutorConfig):
         raise ExecutorError("executor.cluster: slurm needs dask-jobqueue, which is not installed; "
                             "`pip install dask-jobqueue` (it is an optional dependency)") from None
     try:
-        cluster = SLURMCluster(**cfg.slurm)
+        cluster = SLURMCluster(**cluster_arguments(cfg))
     except (TypeError, ValueError) as exc:
         first = re.split(r"\.\s", str(exc) or type(exc).__name__)[0]  # its first sentence
         raise ExecutorError(f"executor.slurm: dask_jobqueue.SLURMCluster refused these settings: {first} (the keys "
@@ -46,6 +52,22 @@ def start_cluster(cfg: ExecutorConfig):
         raise
     cluster.scale(jobs=cfg.workers)
     return cluster
+
+
+def cluster_arguments(cfg: ExecutorConfig) -> dict:
+    """``executor.slurm`` with what it leaves out: TLS between the scheduler and its workers (dask-jobqueue's
+    ``security=True``: throwaway certificates, the workers' copies in ``~/`` :data:`TLS_FOLDER`, a folder only this
+    user can enter, which must be on a filesystem the compute nodes see), the dashboard at
+    ``executor.dashboard_address``. A key given in ``executor.slurm`` wins (``security: false`` included)."""
+    arguments = {"security": True, **cfg.slurm}
+    if arguments["security"] and "shared_temp_directory" not in arguments:
+        folder = Path.home() / TLS_FOLDER
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        arguments["shared_temp_directory"] = str(folder)
+    arguments["scheduler_options"] = {"dashboard_address": cfg.dashboard_address,
+                                      **cfg.slurm.get("scheduler_options", {})}
+    return arguments
 
 
 def check_one_task_per_worker(script: str, cfg: ExecutorConfig) -> None:

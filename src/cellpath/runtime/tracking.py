@@ -30,7 +30,9 @@ import yaml
 
 from cellpath.config import MlflowConfig
 from cellpath.io.layout import DEFAULT_REPORTS_DIR
+from cellpath.io.locks import LOCK_SUFFIX, waiting
 
+STORE_LOCK_TIMEOUT_S = 600.0  # a write waits this long for another stage's write to a local store
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
@@ -51,6 +53,20 @@ def resolve_tracking_uri(uri: str, root: Path) -> str:
     if "://" not in uri and not uri.startswith("file:"):
         return (root / uri).resolve().as_uri()
     return uri
+
+
+def store_lock(tracking_uri: str) -> Path | None:
+    """The lock beside a local store that two stages writing at once take in turn (``<file>.db.lock`` for
+    SQLite, ``.cellpath.lock`` in a file store's folder); None for a tracking server, which orders them."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
+        return database.with_name(database.name + LOCK_SUFFIX)
+    if tracking_uri.startswith("file:"):
+        return Path(url2pathname(urlparse(tracking_uri).path)) / f".cellpath{LOCK_SUFFIX}"
+    return None
 
 
 def resolve_artifact_location(location: str, root: Path) -> str:
@@ -124,21 +140,33 @@ class Tracker:
 
             root = root or project_root()
             self.tracking_uri = resolve_tracking_uri(cfg.tracking_uri, root)
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
-            experiment = self._client.get_experiment_by_name(cfg.experiment)
-            self._experiment_id = (experiment.experiment_id if experiment is not None else
-                                   self._client.create_experiment(
-                                       cfg.experiment, artifact_location=resolve_artifact_location(
-                                           cfg.artifact_location, root), tags=EXPERIMENT_TAGS))
-            if experiment is not None and not set(EXPERIMENT_TAGS) & set(experiment.tags):
-                for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
-                    self._client.set_experiment_tag(self._experiment_id, key, value)
-            self._tags = provenance_tags(root) | {"cellpath.stage": stage}
-            self.label = run_label(self._tags)
-            parent = self._client.create_run(self._experiment_id, run_name=f"{stage} · {self.label}",
-                                             tags=self._tags | {"cellpath.kind": "stage"})
-            self.parent_run_id = parent.info.run_id
+            self._store_lock = store_lock(self.tracking_uri)
+            with self._writing():
+                self._open(MlflowClient, cfg, root, stage)
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+
+    def _open(self, client_class, cfg: MlflowConfig, root: Path, stage: str) -> None:
+        """The client (a new SQLite store is created here), the experiment and the stage's parent run."""
+        from mlflow.exceptions import MlflowException
+
+        self._client = client_class(tracking_uri=self.tracking_uri)
+        experiment = self._client.get_experiment_by_name(cfg.experiment)
+        if experiment is None:
+            try:
+                self._client.create_experiment(cfg.experiment, artifact_location=resolve_artifact_location(
+                    cfg.artifact_location, root), tags=EXPERIMENT_TAGS)
+            except MlflowException:  # a stage of another run made it meanwhile (a tracking server: no lock)
+                pass
+            experiment = self._client.get_experiment_by_name(cfg.experiment)
+        self._experiment_id = experiment.experiment_id
+        if not set(EXPERIMENT_TAGS) & set(experiment.tags):
+            for key, value in EXPERIMENT_TAGS.items():  # stores made before the tag existed
+                self._client.set_experiment_tag(self._experiment_id, key, value)
+        self._tags = provenance_tags(root) | {"cellpath.stage": stage}
+        self.label = run_label(self._tags)
+        parent = self._client.create_run(self._experiment_id, run_name=f"{stage} · {self.label}",
+                                         tags=self._tags | {"cellpath.kind": "stage"})
+        self.parent_run_id = parent.info.run_id
 
     def __enter__(self) -> Tracker:
         return self
@@ -146,6 +174,15 @@ class Tracker:
     def __exit__(self, exc_type, exc, traceback) -> None:
         if not self._finished:
             self.finish({}, {}, failed=exc_type is not None)
+
+    @contextmanager
+    def _writing(self):
+        """Hold the local store's lock (when it has one) while writing: two stages may log at once."""
+        if self._store_lock is None:
+            yield
+            return
+        with waiting(self._store_lock, "writing to the MLflow store", STORE_LOCK_TIMEOUT_S):
+            yield
 
     @contextmanager
     def _timed(self):
@@ -187,8 +224,9 @@ class Tracker:
         started = time.perf_counter()
         now = int(time.time() * 1000)
         metric_list = [Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)]
-        for start in range(0, len(metric_list), 1000):  # MLflow's batch limit
-            self._client.log_batch(self._run_ids[name], metrics=metric_list[start:start + 1000])
+        with self._writing():
+            for start in range(0, len(metric_list), 1000):  # MLflow's batch limit
+                self._client.log_batch(self._run_ids[name], metrics=metric_list[start:start + 1000])
         self.busy_seconds += time.perf_counter() - started
 
     def _write_child(self, name: str, params: dict, metrics: dict[str, float], tables: dict[str, pd.DataFrame],
@@ -206,15 +244,16 @@ class Tracker:
         json_tables = [file for file in tables if file.endswith(".json")]
         if json_tables:  # what MLflow's log_table records, so the UI lists them as tables
             tags["mlflow.loggedArtifacts"] = json.dumps([{"path": file, "type": "table"} for file in json_tables])
-        run = self._client.create_run(self._experiment_id, run_name=f"{name} · {self.label}", tags=tags,
-                                      start_time=started_ms)
-        run_id = run.info.run_id
-        self._run_ids[name] = run_id
         metric_list = [Metric(k, float(v), ended_ms, 0) for k, v in metrics.items() if pd.notna(v)]
         param_list = [Param(k, str(v)) for k, v in params.items()]
-        for start in range(0, max(len(metric_list), 1), 1000):  # MLflow's batch limit
-            self._client.log_batch(run_id, metrics=metric_list[start:start + 1000],
-                                   params=param_list if start == 0 else [])
+        with self._writing():
+            run = self._client.create_run(self._experiment_id, run_name=f"{name} · {self.label}", tags=tags,
+                                          start_time=started_ms)
+            run_id = run.info.run_id
+            self._run_ids[name] = run_id
+            for start in range(0, max(len(metric_list), 1), 1000):  # MLflow's batch limit
+                self._client.log_batch(run_id, metrics=metric_list[start:start + 1000],
+                                       params=param_list if start == 0 else [])
         # The run's artifact repository straight from its URI: MlflowClient.log_artifact would look
         # the run up again for every file.
         repository = get_artifact_repository(run.info.artifact_uri)
@@ -226,7 +265,8 @@ class Tracker:
                 else:
                     frame.to_parquet(path, index=False)
                 repository.log_artifact(str(path))
-        self._client.set_terminated(run_id, end_time=ended_ms)
+        with self._writing():
+            self._client.set_terminated(run_id, end_time=ended_ms)
         self.children += 1
         self.busy_seconds += time.perf_counter() - started
 
@@ -243,12 +283,15 @@ class Tracker:
             errors = [f.exception() for f in self._pending if f.exception() is not None]
             run_id = self.parent_run_id
             now = int(time.time() * 1000)
-            self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()
-                                                    if pd.notna(v)][:1000],
-                                   params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+            with self._writing():
+                self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()
+                                                        if pd.notna(v)][:1000],
+                                       params=[Param(k, str(v)[:6000]) for k, v in params.items()])
             for path in [*artifacts, *([self._log_file] if self._log_file and self._log_file.is_file() else [])]:
-                self._client.log_artifact(run_id, str(path))
-            self._client.set_terminated(run_id, status="FAILED" if failed or errors else "FINISHED")
+                with self._writing():
+                    self._client.log_artifact(run_id, str(path))
+            with self._writing():
+                self._client.set_terminated(run_id, status="FAILED" if failed or errors else "FINISHED")
         if errors and not failed:
             raise errors[0]
 

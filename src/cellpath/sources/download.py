@@ -1,9 +1,21 @@
-"""Resumable, verified downloads and safe archive extraction (standard library only).
+"""Resumable, verified downloads, cached by URL (standard library only).
 
-``download_file`` streams to ``<dest>.part``, resumes it with an HTTP ``Range`` request, retries
-transient failures with exponential backoff, and renames the partial file to ``dest`` only once
-its size, MD5 and SHA-256 match (each where given). ``safe_extract`` unpacks a zip or tar archive
-atomically, refusing members that would land outside the destination. Sizes are in bytes, times in seconds.
+``download_file`` streams to ``<dest>.part`` and renames it to ``dest`` only once its size, MD5 and
+SHA-256 match (each where given); it returns the file's size and digests so that a caller can record
+them (trust on first use, :mod:`cellpath.sources.lock`). Sizes are in bytes, times in seconds.
+
+- **The cache follows the URL.** ``<dest>.source.json`` records the URL a cached file or partial came
+  from and the server's ``ETag`` and ``Last-Modified``. A different URL discards both. A complete
+  file is kept when it matches the expected size and digests, or, with none given, when the server
+  answers a conditional request with 304; otherwise it is downloaded again.
+- **Resumes cannot splice two files.** A partial file is resumed with ``Range`` and ``If-Range``
+  (a strong ETag, else Last-Modified), so a server whose file changed sends the whole new one; a
+  partial with neither validator nor expected digest starts over.
+- **Redirects stay on https.** A redirect from https to anything else (or to a scheme other than
+  http/https) is refused.
+- **One download of a file at a time.** ``<dest>.lock`` is held while it runs (:mod:`cellpath.io.locks`).
+- Transient failures (connection trouble, 5xx, 408/425/429, a truncated body) are retried with
+  exponential backoff; more than ``max_bytes`` is refused.
 """
 
 from __future__ import annotations
@@ -11,27 +23,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import json
 import os
-import stat
-import tarfile
 import time
 import urllib.error
 import urllib.request
 import urllib.response
-import zipfile
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from cellpath.errors import DownloadError
-from cellpath.io.atomic import atomic_output, remove_path
+from cellpath.io.atomic import atomic_output
+from cellpath.io.locks import LOCK_SUFFIX, exclusive
 
 CHUNK_BYTES = 1024 * 1024
 SUPPORTED_SCHEMES = ("http", "https", "file")
 TRANSIENT_HTTP_CODES = frozenset({408, 425, 429})
-DEFAULT_MAX_EXTRACT_BYTES = 1024**4
+ORIGIN_SUFFIX = ".source.json"
+DIGESTS = ("md5", "sha256")
 
 
 class RemoteNotFound(DownloadError):
@@ -60,12 +73,57 @@ class _NoProgress:
         return None
 
 
+@dataclass(frozen=True)
+class Downloaded:
+    """A verified file: where it is, its size (bytes) and lower-case hex MD5 and SHA-256."""
+
+    path: Path
+    size: int
+    md5: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a cached file or partial came from: its URL and the server's validators, when it sent them."""
+
+    url: str
+    etag: str | None = None
+    last_modified: str | None = None
+
+    @property
+    def if_range(self) -> str | None:
+        """The validator a resume may send in ``If-Range``: a strong ETag, else Last-Modified."""
+        if self.etag and not self.etag.startswith("W/"):
+            return self.etag
+        return self.last_modified
+
+
+class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects to http(s) only, and never from https to anything but https."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        old, new = urlparse(req.full_url).scheme, urlparse(newurl).scheme
+        if new not in ("http", "https") or (old == "https" and new != "https"):
+            raise DownloadError(f"{req.full_url}: the server redirects to {newurl}, which leaves https; refusing "
+                                "to follow (a download that starts on https stays on it) — check the URL")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpsOnlyRedirects)
+
+
 def part_path(dest: Path) -> Path:
     """The partial file a download of ``dest`` is streamed to before it is verified."""
     return dest.with_name(dest.name + ".part")
 
 
-def file_digests(path: Path, algorithms: tuple[str, ...]) -> dict[str, str]:
+def origin_path(dest: Path) -> Path:
+    """The record of the URL (and validators) that ``dest`` and its partial file come from."""
+    return dest.with_name(dest.name + ORIGIN_SUFFIX)
+
+
+def file_digests(path: Path, algorithms: tuple[str, ...] = DIGESTS) -> dict[str, str]:
     """Lower-case hex digests (``hashlib`` names, e.g. md5, sha256) of a file, read once in 1 MiB chunks."""
     digests = {name: hashlib.new(name) for name in algorithms}
     with path.open("rb") as fh:
@@ -92,29 +150,39 @@ def download_file(
     max_bytes: int,
     progress: bool = False,
     backoff_s: float = 1.0,
-) -> Path:
-    """Download ``url`` to ``dest`` and return ``dest``.
+) -> Downloaded:
+    """Download ``url`` to ``dest`` (see the module docstring) and return the verified file.
 
-    ``size`` (bytes), ``md5`` and ``sha256`` (hex) are checked when given; an existing ``dest`` that
-    matches them is kept without any request. ``retries`` extra attempts follow a transient failure
-    after ``backoff_s * 2**attempt`` seconds; ``timeout_s`` bounds each connect and read. More than
-    ``max_bytes`` (or more than ``size``) is refused. On a mismatch the partial file is deleted and
-    :class:`DownloadError` raised; after the last failed retry it is kept so that a rerun resumes.
-    A 404 or 410 answer raises :class:`RemoteNotFound`.
+    ``size`` (bytes), ``md5`` and ``sha256`` (hex) are checked when given. ``retries`` extra attempts
+    follow a transient failure after ``backoff_s * 2**attempt`` seconds; ``timeout_s`` bounds each
+    connect and read. More than ``max_bytes`` (or more than ``size``) is refused. On a mismatch the
+    partial file is deleted and :class:`DownloadError` raised; after the last failed retry it is kept
+    so that a rerun resumes. A 404 or 410 answer raises :class:`RemoteNotFound`.
     """
     dest = Path(dest)
     sums = _expected_sums(md5, sha256)
-    if _is_complete(dest, sums=sums, size=size):
-        return dest
     _check_request(url, dest, size=size, max_bytes=max_bytes)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(dest.with_name(dest.name + LOCK_SUFFIX), f"the download of {url}"):
+        origin = _cached_origin(dest, url)
+        kept = _kept(dest, origin, sums=sums, size=size, timeout_s=timeout_s)
+        if kept is not None:
+            return kept
+        return _download(url, dest, origin, sums=sums, size=size, retries=retries, timeout_s=timeout_s,
+                         max_bytes=max_bytes, progress=progress, backoff_s=backoff_s)
+
+
+def _download(url: str, dest: Path, origin: Origin, *, sums: dict[str, str], size: int | None, retries: int,
+              timeout_s: float, max_bytes: int, progress: bool, backoff_s: float) -> Downloaded:
     part = part_path(dest)
+    if part.exists() and not (sums or origin.if_range):
+        part.unlink()  # nothing could tell whether the server's file is still the one it was cut from
     limit, limit_reason = _byte_limit(size, max_bytes)
     with _progress_bar(progress, dest.name, size) as bar:
         for attempt in range(retries + 1):
             try:
-                _fetch_once(url, part, size=size, limit=limit, limit_reason=limit_reason,
-                            timeout_s=timeout_s, bar=bar)
+                _fetch_once(url, dest, size=size, limit=limit, limit_reason=limit_reason, timeout_s=timeout_s,
+                            bar=bar)
                 break
             except _TransientError as exc:
                 failure = exc
@@ -128,17 +196,72 @@ def download_file(
                 f"{url}: download to {dest} failed after {retries + 1} attempt(s): {failure}; "
                 f"the partial file {part} is kept and the next run resumes it"
             )
-    _verify(part, url=url, dest=dest, sums=sums, size=size)
+    verified = _verify(part, url=url, dest=dest, sums=sums, size=size)
     os.replace(part, dest)
-    return dest
+    return Downloaded(dest, verified.size, verified.md5, verified.sha256)
 
 
-def _is_complete(dest: Path, *, sums: dict[str, str], size: int | None) -> bool:
+def _cached_origin(dest: Path, url: str) -> Origin:
+    """The recorded origin of ``dest``'s cache when it is ``url``; otherwise the cache is discarded and a
+    new record (``url`` alone) written before any byte is."""
+    origin = _read_origin(dest)
+    if origin is not None and origin.url == url:
+        return origin
+    for stale in (dest, part_path(dest)):
+        stale.unlink(missing_ok=True)
+    origin = Origin(url)
+    _write_origin(dest, origin)
+    return origin
+
+
+def _read_origin(dest: Path) -> Origin | None:
+    try:
+        return Origin(**json.loads(origin_path(dest).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_origin(dest: Path, origin: Origin) -> None:
+    with atomic_output(origin_path(dest)) as tmp:
+        tmp.write_text(json.dumps(asdict(origin)) + "\n")
+
+
+def _kept(dest: Path, origin: Origin, *, sums: dict[str, str], size: int | None,
+          timeout_s: float) -> Downloaded | None:
+    """``dest`` when it may be used without downloading it again (see the module docstring), else None
+    (and ``dest`` removed)."""
     if not dest.is_file():
+        return None
+    actual_size = dest.stat().st_size
+    if sums or size is not None:
+        if size is None or actual_size == size:
+            digests = file_digests(dest)
+            if all(digests[name] == value for name, value in sums.items()):
+                return Downloaded(dest, actual_size, digests["md5"], digests["sha256"])
+    elif _unchanged_on_server(origin, timeout_s):
+        digests = file_digests(dest)
+        return Downloaded(dest, actual_size, digests["md5"], digests["sha256"])
+    dest.unlink()
+    return None
+
+
+def _unchanged_on_server(origin: Origin, timeout_s: float) -> bool:
+    """Whether an http(s) server answers 304 to a conditional request on the recorded validators."""
+    if urlparse(origin.url).scheme not in ("http", "https") or not (origin.etag or origin.last_modified):
         return False
-    if size is not None and dest.stat().st_size != size:
+    headers = {"User-Agent": "cellpath", "Accept-Encoding": "identity"}
+    if origin.etag:
+        headers["If-None-Match"] = origin.etag
+    if origin.last_modified:
+        headers["If-Modified-Since"] = origin.last_modified
+    try:
+        with _OPENER.open(urllib.request.Request(origin.url, headers=headers), timeout=timeout_s):
+            return False  # 200: the server sends the file again, so it changed (or ignores validators)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code == 304
+    except (OSError, http.client.HTTPException):
         return False
-    return not sums or file_digests(dest, tuple(sums)) == sums
 
 
 def _check_request(url: str, dest: Path, *, size: int | None, max_bytes: int) -> None:
@@ -174,9 +297,11 @@ def _progress_bar(enabled: bool, label: str, total: int | None) -> Iterator[_Pro
         yield bar
 
 
-def _fetch_once(url: str, part: Path, *, size: int | None, limit: int, limit_reason: str,
-                timeout_s: float, bar: _Progress) -> None:
-    """One request: append to (or restart) ``part``; raise _TransientError when worth retrying."""
+def _fetch_once(url: str, dest: Path, *, size: int | None, limit: int, limit_reason: str, timeout_s: float,
+                bar: _Progress) -> None:
+    """One request: append to (or restart) ``dest``'s partial file, recording the origin the server
+    describes before any byte of the body. Raise _TransientError when worth retrying."""
+    part, origin = part_path(dest), _read_origin(dest) or Origin(url)
     offset = part.stat().st_size if part.exists() else 0
     if size is not None and offset > size:
         part.unlink()
@@ -186,8 +311,10 @@ def _fetch_once(url: str, part: Path, *, size: int | None, limit: int, limit_rea
     headers = {"User-Agent": "cellpath", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+        if origin.if_range:
+            headers["If-Range"] = origin.if_range
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+        response = _OPENER.open(urllib.request.Request(url, headers=headers), timeout=timeout_s)
     except urllib.error.HTTPError as exc:
         _handle_http_error(exc, url, part, offset)
         return
@@ -196,6 +323,9 @@ def _fetch_once(url: str, part: Path, *, size: int | None, limit: int, limit_rea
     with response:
         start, length = _response_span(response, url, part, offset, size=size, limit=limit,
                                        limit_reason=limit_reason)
+        served = Origin(url, response.headers.get("ETag"), response.headers.get("Last-Modified"))
+        if served != origin:
+            _write_origin(dest, served)
         bar.reset(total=size)
         bar.update(start)
         with part.open("ab" if start else "wb") as fh:
@@ -283,9 +413,9 @@ def _int_or_none(value: str | None) -> int | None:
     return int(value) if value is not None and value.strip().isdigit() else None
 
 
-def _verify(part: Path, *, url: str, dest: Path, sums: dict[str, str], size: int | None) -> None:
-    """Delete ``part`` and raise DownloadError unless its size and digests (``sums``: md5, sha256) are as
-    expected."""
+def _verify(part: Path, *, url: str, dest: Path, sums: dict[str, str], size: int | None) -> Downloaded:
+    """``part``'s size and digests; delete it and raise DownloadError unless they are as expected
+    (``sums``: md5, sha256, each where given)."""
     actual_size = part.stat().st_size
     if size is not None and actual_size != size:
         part.unlink()
@@ -293,9 +423,7 @@ def _verify(part: Path, *, url: str, dest: Path, sums: dict[str, str], size: int
             f"{url}: {dest}: expected {size} bytes, got {actual_size}; the download was deleted — "
             "check the URL and the expected size"
         )
-    if not sums:
-        return
-    actual = file_digests(part, tuple(sums))
+    actual = file_digests(part)
     wrong = [name for name in sums if actual[name] != sums[name]]
     if wrong:
         part.unlink()
@@ -303,171 +431,4 @@ def _verify(part: Path, *, url: str, dest: Path, sums: dict[str, str], size: int
         raise DownloadError(
             f"{url}: {dest}: {found}; the download was deleted — check the URL and the expected checksum"
         )
-
-
-def safe_extract(archive: Path, dest: Path, *, max_total_bytes: int = DEFAULT_MAX_EXTRACT_BYTES) -> list[Path]:
-    """Extract a zip or tar(.gz/.bz2/.xz) archive into ``dest``; return the files written.
-
-    Members with absolute paths or ``..``, device files, zip symlinks and tar links leading
-    outside ``dest`` are refused, as is more than ``max_total_bytes`` uncompressed. Everything is
-    unpacked beside ``dest`` and renamed into place, so ``dest`` ends up complete or untouched.
-    When all members sit under one top-level folder (e.g. ``outs/``) its contents become ``dest``.
-    """
-    archive, dest = Path(archive), Path(dest)
-    with atomic_output(dest) as out:
-        staging = out.with_name(out.name + ".extract")
-        try:
-            staging.mkdir()
-            written = _extract_members(archive, staging, max_total_bytes)
-            top = _single_top_folder(staging)
-            (top or staging).rename(out)
-        finally:
-            remove_path(staging)
-    if top is None:
-        return [dest / rel for rel in written]
-    return [dest / PurePosixPath(*rel.parts[1:]) for rel in written]
-
-
-def _extract_members(archive: Path, root: Path, max_total_bytes: int) -> list[PurePosixPath]:
-    if zipfile.is_zipfile(archive):
-        return _extract_zip(archive, root, max_total_bytes)
-    if tarfile.is_tarfile(archive):
-        return _extract_tar(archive, root, max_total_bytes)
-    raise DownloadError(f"{archive}: not a zip or tar archive; check the bundle URL in the manifest")
-
-
-def _member_path(archive: Path, name: str) -> PurePosixPath | None:
-    """The member's relative path, None for the archive root; refuse absolute paths and ``..``."""
-    unified = name.replace("\\", "/")
-    parts = [p for p in unified.split("/") if p not in ("", ".")]
-    if unified.startswith("/") or (parts and len(parts[0]) == 2 and parts[0][1] == ":"):
-        raise DownloadError(f"{archive}: member {name!r} has an absolute path; refusing to extract")
-    if ".." in parts:
-        raise DownloadError(f"{archive}: member {name!r} contains '..'; refusing to extract")
-    return PurePosixPath(*parts) if parts else None
-
-
-def _target(archive: Path, root: Path, rel: PurePosixPath, name: str) -> Path:
-    """``root / rel`` after checking its folder does not lead outside ``root`` via a link."""
-    target = root / rel
-    if not target.parent.resolve().is_relative_to(root.resolve()):
-        raise DownloadError(f"{archive}: member {name!r} leads outside the destination; refusing to extract")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return target
-
-
-def _check_total(archive: Path, declared: int, max_total_bytes: int) -> None:
-    if declared > max_total_bytes:
-        raise DownloadError(
-            f"{archive}: {declared} bytes uncompressed, above the cap of {max_total_bytes} bytes; "
-            "refusing to extract (raise tenx.max_file_bytes in params.yaml if the archive is genuine)"
-        )
-
-
-def _copy_capped(src: IO[bytes], target: Path, budget: int, archive: Path, name: str) -> int:
-    """Copy ``src`` to ``target``; return the bytes written, refusing more than ``budget``."""
-    written = 0
-    with target.open("wb") as fh:
-        for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
-            written += len(chunk)
-            if written > budget:
-                raise DownloadError(f"{archive}: member {name!r} inflates past the size cap; refusing to extract")
-            fh.write(chunk)
-    return written
-
-
-def _extract_zip(archive: Path, root: Path, max_total_bytes: int) -> list[PurePosixPath]:
-    written: list[PurePosixPath] = []
-    with zipfile.ZipFile(archive) as zf:
-        infos = zf.infolist()
-        for info in infos:
-            _member_path(archive, info.filename)
-            if stat.S_ISLNK(info.external_attr >> 16):
-                raise DownloadError(f"{archive}: member {info.filename!r} is a symlink; refusing to extract")
-        _check_total(archive, sum(i.file_size for i in infos), max_total_bytes)
-        budget = max_total_bytes
-        for info in infos:
-            rel = _member_path(archive, info.filename)
-            if rel is None:
-                continue
-            if info.is_dir():
-                _target(archive, root, rel, info.filename).mkdir(exist_ok=True)
-                continue
-            with zf.open(info) as src:
-                budget -= _copy_capped(src, _target(archive, root, rel, info.filename), budget,
-                                       archive, info.filename)
-            written.append(rel)
-    return written
-
-
-def _check_tar_member(archive: Path, member: tarfile.TarInfo) -> PurePosixPath | None:
-    rel = _member_path(archive, member.name)
-    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-        raise DownloadError(f"{archive}: member {member.name!r} is a device or special file; refusing to extract")
-    if member.issym() or member.islnk():
-        base = rel.parent if member.issym() and rel is not None else PurePosixPath()
-        link = PurePosixPath(member.linkname.replace("\\", "/"))
-        resolved = os.path.normpath(base / link)
-        if link.is_absolute() or resolved == ".." or resolved.startswith("../"):
-            raise DownloadError(
-                f"{archive}: member {member.name!r} links to {member.linkname!r}, outside the "
-                "destination; refusing to extract"
-            )
-    return rel
-
-
-def _extract_tar(archive: Path, root: Path, max_total_bytes: int) -> list[PurePosixPath]:
-    written: list[PurePosixPath] = []
-    with tarfile.open(archive, "r:*") as tf:
-        members = tf.getmembers()
-        checked = [(m, _check_tar_member(archive, m)) for m in members]
-        _check_total(archive, sum(m.size for m in members if m.isfile()), max_total_bytes)
-        budget = max_total_bytes
-        for member, rel in checked:
-            if rel is None:
-                continue
-            target = _target(archive, root, rel, member.name)
-            if member.isdir():
-                target.mkdir(exist_ok=True)
-                continue
-            if member.issym():
-                os.symlink(member.linkname, target)
-            elif member.islnk():
-                _hardlink(archive, root, member, target)
-            else:
-                with tf.extractfile(member) as src:
-                    budget -= _copy_capped(src, target, budget, archive, member.name)
-            written.append(rel)
-    _check_links_inside(archive, root, written)
-    return written
-
-
-def _hardlink(archive: Path, root: Path, member: tarfile.TarInfo, target: Path) -> None:
-    """Link ``target`` to the already extracted file that ``member.linkname`` names."""
-    source = root / (_member_path(archive, member.linkname) or PurePosixPath())
-    if source.is_symlink() or not source.is_file():
-        raise DownloadError(
-            f"{archive}: member {member.name!r} hard-links to {member.linkname!r}, which is not a "
-            "regular file extracted before it; refusing to extract"
-        )
-    os.link(source, target, follow_symlinks=False)
-
-
-def _check_links_inside(archive: Path, root: Path, written: list[PurePosixPath]) -> None:
-    """Refuse symlinks that, once all are in place, resolve outside ``root`` (e.g. via chains)."""
-    inside = root.resolve()
-    for rel in written:
-        path = root / rel
-        if path.is_symlink() and not path.resolve().is_relative_to(inside):
-            raise DownloadError(
-                f"{archive}: member {str(rel)!r} links to {os.readlink(path)!r}, which resolves "
-                "outside the destination; refusing to extract"
-            )
-
-
-def _single_top_folder(root: Path) -> Path | None:
-    """The only entry of ``root`` when it is a real folder (to flatten), else None."""
-    entries = list(root.iterdir())
-    if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
-        return entries[0]
-    return None
+    return Downloaded(part, actual_size, actual["md5"], actual["sha256"])

@@ -2,15 +2,20 @@
 
 Per section, ``raw_dir/<section_id>/`` receives the unpacked bundle (``experiment.xenium``,
 ``cells.parquet``, ...), ``<prefix>he_image.ome.tif``, ``<prefix>he_imagealignment.csv`` and a
-``section.json`` that marks the section as finished and records the size and checksums of the three
-downloads it was built from. A finished section whose record matches its manifest row is kept;
+``section.json`` that marks the section as finished and records the URL, size, MD5 and SHA-256 of the
+three downloads it was built from. A finished section whose record matches its manifest row and the
+download lock is kept;
 sections no longer selected are removed (``data/raw`` persists across DVC runs so that an
 interrupted fetch keeps its finished sections). Downloads go to a cache folder outside ``raw_dir``
 first (``data/.downloads/`` from the stage), so an interrupted run resumes its partial files; they
 are removed once a section is done.
 
 Each file has a URL, optional fallback URLs tried in order after it (10x serves its files from two
-hosts), and optional size (bytes), MD5 and SHA-256, all checked. ``tenx.mirror`` replaces 10x's root
+hosts), and optional size (bytes), MD5 and SHA-256, all checked. No file is used before it matches a
+checksum: the published one where the manifest has it, and otherwise the size and digests its first
+download recorded in the download lock (``tenx.lock``, :mod:`cellpath.sources.lock`). A bundle that
+cannot be unpacked (truncated, corrupt, hostile: :mod:`cellpath.sources.archives`) fails its section and
+is removed from the cache. One fetch runs at a time (``data/.downloads/.fetch.lock``). ``tenx.mirror`` replaces 10x's root
 in every URL (:func:`mirror_url`). A URL derived by 10x's naming (``*_url_source`` ``derived``) that no
 server has stops its section with the dataset page to look at. A section that fails does not stop
 the others; the error raised after the last one names every failed section.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import logging
 import os
@@ -35,12 +41,15 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
-from cellpath.config import SECTION_ID_PATTERN, TenxConfig
+from cellpath.config import SECTION_ID_PATTERN, TenxConfig, has_credentials
 from cellpath.errors import CellPathError, DownloadError, InputError
 from cellpath.io.atomic import atomic_output, prune_other_folders, remove_path, remove_stale_temporaries
 from cellpath.io.layout import DEFAULT_MANIFEST
-from cellpath.sources.download import (SUPPORTED_SCHEMES, RemoteNotFound, download_file, part_path,
-                                       safe_extract)
+from cellpath.io.locks import exclusive
+from cellpath.io.text import read_utf8
+from cellpath.sources.archives import ARCHIVE_SUFFIXES, archive_format, safe_extract
+from cellpath.sources.download import SUPPORTED_SCHEMES, Downloaded, RemoteNotFound, download_file, origin_path
+from cellpath.sources.lock import FIRST_USE, NOT_YET, PUBLISHED, Lock, LockedFile, add_to_lock, read_lock
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,7 @@ SHIPPED_COLUMNS = (
       for field in ("url", "url_fallback", "url_source", "md5", "sha256", "bytes", "checksum_source")),
 )
 SECTION_MARKER = "section.json"
+FETCH_LOCK = ".fetch.lock"  # in the download cache: one fetch of a project at a time
 SHA256_PATTERN = re.compile(r"^[0-9a-fA-F]{64}$")
 MD5_PATTERN = re.compile(r"^[0-9a-fA-F]{32}$")
 XOA_VERSION_PATTERN = re.compile(r"^[0-9]+(\.[0-9]+)*$")
@@ -148,7 +158,7 @@ def read_manifest(path: Path) -> list[ManifestSection]:
     path = Path(path)
     if not path.is_file():
         raise InputError("manifest not found; set tenx.manifest in params.yaml", path=path)
-    with path.open(newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_utf8(path), newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in MANIFEST_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
@@ -226,8 +236,16 @@ def _parse_remote(value: dict[str, str], kind: str, fail: Callable[[str, str], N
     fallbacks = tuple(u.strip() for u in value[f"{kind}_url_fallback"].split(URL_SEPARATOR) if u.strip())
     schemes = ", ".join(s + "://" for s in SUPPORTED_SCHEMES)
     for column, each in [(f"{kind}_url", url)] * bool(url) + [(f"{kind}_url_fallback", u) for u in fallbacks]:
-        if urlparse(each).scheme not in SUPPORTED_SCHEMES:
+        if has_credentials(each):
+            fail(column, f"a URL that holds a password or token must not be in the manifest, a file shared with "
+                         "the project; give the file a URL without one (or a tenx.mirror that needs none)")
+        elif urlparse(each).scheme not in SUPPORTED_SCHEMES:
             fail(column, f"{each!r} must start with {schemes}")
+    if kind == "bundle":
+        for column, each in [(f"{kind}_url", url)] * bool(url) + [(f"{kind}_url_fallback", u) for u in fallbacks]:
+            if archive_format(url_file_name(each)) is None:
+                fail(column, f"{each!r} must name a zip or tar archive ({', '.join(ARCHIVE_SUFFIXES)}): its "
+                             "ending decides how it is unpacked")
     if fallbacks and not url:
         fail(f"{kind}_url_fallback", f"fallback URL(s) without a {kind}_url; put the first URL in {kind}_url")
     if sha and not SHA256_PATTERN.fullmatch(sha):
@@ -336,7 +354,41 @@ def check_downloads(sections: list[ManifestSection], config: TenxConfig,
         raise InputError(f"tenx.mirror: {config.mirror!r}: {problem}; give the folder that holds "
                          "<XOA version>/<Name>/<file> as 10x lays its files out, or an http:// base URL "
                          "(see data/manifests/README.md)")
+    lock_file = base_dir / config.lock_file
+    conflicts = lock_conflicts(sections, read_lock(lock_file))
+    if conflicts:
+        raise InputError("\n".join(conflicts) + "\nthe manifest's checksum or the lock is wrong: if 10x republished "
+                         "the file, delete its row from the lock (the next download records it again); otherwise "
+                         "correct the manifest", path=lock_file)
     return {section.section_id: download_plan(section, config, base_dir) for section in sections}
+
+
+def expected_file(section_id: str, kind: str, remote: RemoteFile, lock: Lock) -> tuple[dict[str, object], str]:
+    """What a download of the file must match (``md5``, ``sha256``, ``size``: the manifest's published
+    values, else the lock's) and what it is verified by (:data:`PUBLISHED`, :data:`FIRST_USE`, or
+    :data:`NOT_YET` when the first download is still to record it)."""
+    locked = lock.get((section_id, kind))
+    expected = {"md5": remote.md5 or (locked.md5 if locked else None),
+                "sha256": remote.sha256 or (locked.sha256 if locked else None),
+                "size": remote.size if remote.size is not None else (locked.size if locked else None)}
+    trust = PUBLISHED if (remote.md5 or remote.sha256) else FIRST_USE if locked else NOT_YET
+    return expected, trust
+
+
+def lock_conflicts(sections: list[ManifestSection], lock: Lock) -> list[str]:
+    """Each file whose published MD5, SHA-256 or size differs from the one its first download recorded."""
+    found = []
+    for section in sections:
+        for kind in FILE_KINDS:
+            remote, locked = getattr(section, kind), lock.get((section.section_id, kind))
+            if locked is None:
+                continue
+            for column, published, recorded in (("md5", remote.md5, locked.md5), ("sha256", remote.sha256,
+                                                 locked.sha256), ("bytes", remote.size, locked.size)):
+                if published is not None and published != recorded:
+                    found.append(f"section {section.section_id}: {kind}_{column} is {published} in the manifest, but "
+                                 f"the file first downloaded from {locked.url} had {recorded}")
+    return found
 
 
 def _mirror_folder_problem(mirror: str, base_dir: Path) -> str | None:
@@ -364,29 +416,44 @@ def fetch_tenx(config: TenxConfig, raw_dir: Path, downloads_dir: Path, *, base_d
     downloads_dir = base_dir / downloads_dir
     chosen = select_sections(read_manifest(manifest), list(config.sections), manifest)
     plans = check_downloads(chosen, config, base_dir)
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(raw_dir)
-    removed = prune_other_folders(raw_dir, {section.section_id for section in chosen})
-    if removed:
-        log.info("removed %d section(s) no longer selected: %s", len(removed), ", ".join(removed))
-    summary: dict = {"source": "10x", "fetched": [], "skipped": [], "removed": removed, "bytes": 0}
-    failures: list[str] = []
-    for section in chosen:
-        if is_fetched(raw_dir / section.section_id, section):
-            log.info("section %s: already fetched, skipping", section.section_id)
-            summary["skipped"].append(section.section_id)
-            continue
-        try:
-            summary["bytes"] += fetch_section(section, plans[section.section_id], raw_dir,
-                                              downloads_dir / section.section_id, config)
-        except DownloadError as exc:
-            log.error("section %s: %s", section.section_id, exc)
-            failures.append(f"section {section.section_id}: {exc}")
-            continue
-        summary["fetched"].append(section.section_id)
+    lock_file = base_dir / config.lock_file
+    with exclusive(downloads_dir / FETCH_LOCK, "a fetch of this project's 10x sections"):
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(raw_dir)
+        removed = prune_other_folders(raw_dir, {section.section_id for section in chosen})
+        if removed:
+            log.info("removed %d section(s) no longer selected: %s", len(removed), ", ".join(removed))
+        summary: dict = {"source": "10x", "fetched": [], "skipped": [], "removed": removed, "bytes": 0}
+        failures: list[str] = []
+        for section in chosen:
+            lock = read_lock(lock_file)
+            folder = raw_dir / section.section_id
+            if is_fetched(folder, section, lock):
+                log.info("section %s: already fetched, skipping", section.section_id)
+                add_to_lock(lock_file, recorded_files(folder))  # a lock that lacks the rows gets them back
+                summary["skipped"].append(section.section_id)
+                continue
+            try:
+                summary["bytes"] += fetch_section(section, plans[section.section_id], raw_dir,
+                                                  downloads_dir / section.section_id, config, lock, lock_file)
+            except DownloadError as exc:
+                log.error("section %s: %s", section.section_id, exc)
+                failures.append(f"section {section.section_id}: {exc}")
+                continue
+            summary["fetched"].append(section.section_id)
+    summary["verified"] = verification_counts(chosen, read_lock(lock_file))
     if failures:
         raise DownloadError(_fetch_failure(failures, len(chosen), raw_dir))
     return summary
+
+
+def verification_counts(sections: list[ManifestSection], lock: Lock) -> dict[str, int]:
+    """How many of the sections' files each kind of check verifies (:func:`expected_file`'s second value)."""
+    counts = dict.fromkeys((PUBLISHED, FIRST_USE, NOT_YET), 0)
+    for section in sections:
+        for kind in FILE_KINDS:
+            counts[expected_file(section.section_id, kind, getattr(section, kind), lock)[1]] += 1
+    return counts
 
 
 def _fetch_failure(failures: list[str], selected: int, raw_dir: Path) -> str:
@@ -397,38 +464,63 @@ def _fetch_failure(failures: list[str], selected: int, raw_dir: Path) -> str:
 
 
 def fetch_section(section: ManifestSection, plan: list[PlannedFile], raw_dir: Path, cache: Path,
-                  config: TenxConfig) -> int:
-    """Build ``raw_dir/<section_id>/`` atomically from ``plan``'s downloads, cached in ``cache``; return their bytes."""
-    downloads = {planned.name: _download(section, planned, cache / planned.name, config) for planned in plan}
-    bundle = downloads[plan[0].name]
-    log.info("section %s: unpacking %s", section.section_id, bundle)
-    with atomic_output(raw_dir / section.section_id) as out:
-        safe_extract(bundle, out, max_total_bytes=config.max_file_bytes)
-        for planned in plan[1:]:
-            _link_or_copy(downloads[planned.name], out / planned.name)
-        (out / SECTION_MARKER).write_text(json.dumps(_section_record(section), indent=2) + "\n")
-    total = sum(p.stat().st_size for p in downloads.values())
+                  config: TenxConfig, lock: Lock, lock_file: Path) -> int:
+    """Build ``raw_dir/<section_id>/`` atomically from ``plan``'s downloads, cached in ``cache``, each checked
+    against the manifest's checksums and ``lock``; record the files the lock lacks in ``lock_file``; return
+    the bytes downloaded. A bundle that cannot be unpacked is removed from the cache."""
+    downloads = {planned.kind: _download(section, planned, cache / planned.name, config, lock, lock_file)
+                 for planned in plan}
+    bundle, name = downloads["bundle"], url_file_name(plan[0].urls[0])
+    log.info("section %s: unpacking %s", section.section_id, bundle.path)
+    files = {kind: {"url": planned.urls[0], "bytes": downloads[kind].size, "md5": downloads[kind].md5,
+                    "sha256": downloads[kind].sha256,
+                    "verified": PUBLISHED if expected_file(section.section_id, kind, planned.remote, lock)[1] == PUBLISHED
+                    else FIRST_USE}
+             for kind, planned in zip(FILE_KINDS, plan)}
+    try:
+        with atomic_output(raw_dir / section.section_id) as out:
+            safe_extract(bundle.path, out, archive_name=name, max_total_bytes=config.max_file_bytes)
+            for planned in plan[1:]:
+                _link_or_copy(downloads[planned.kind].path, out / planned.name)
+            record = {**_section_record(section), "files": files}
+            (out / SECTION_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    except DownloadError as exc:
+        for stale in (bundle.path, origin_path(bundle.path)):
+            stale.unlink(missing_ok=True)
+        raise DownloadError(f"bundle ({name}): {exc}; the cached archive was removed, so the next run downloads "
+                            "it again") from None
+    add_to_lock(lock_file, recorded_files(raw_dir / section.section_id))
     remove_path(cache)
-    return total
+    return sum(d.size for d in downloads.values())
 
 
-def _download(section: ManifestSection, planned: PlannedFile, dest: Path, config: TenxConfig) -> Path:
-    """Download ``planned`` to ``dest`` from the first of its URLs that works.
+def _download(section: ManifestSection, planned: PlannedFile, dest: Path, config: TenxConfig, lock: Lock,
+              lock_file: Path) -> Downloaded:
+    """Download ``planned`` to ``dest`` from the first of its URLs that works, checked against the
+    manifest's checksums and the lock (:func:`expected_file`).
 
     Raises one DownloadError naming the file and what each URL answered.
     """
     assert planned.urls  # select_sections refuses sections without URLs
-    remote = planned.remote
+    expected, trust = expected_file(section.section_id, planned.kind, planned.remote, lock)
+    try:
+        return _first_that_works(section, planned, dest, config, expected)
+    except DownloadError as exc:
+        if trust != FIRST_USE:
+            raise
+        raise DownloadError(f"{exc}\n(the size and digests expected are those its first download had, recorded in "
+                            f"{lock_file}: if the file really changed at its source, delete its row there)") from None
+
+
+def _first_that_works(section: ManifestSection, planned: PlannedFile, dest: Path, config: TenxConfig,
+                      expected: dict) -> Downloaded:
     failures: list[DownloadError] = []
     for attempt, url in enumerate(planned.urls):
-        if attempt and remote.md5 is None and remote.sha256 is None:
-            part_path(dest).unlink(missing_ok=True)  # nothing could tell two hosts' bytes apart: start over
         log.info("downloading %s -> %s", url, dest)
         try:
-            return download_file(
-                url, dest, md5=remote.md5, sha256=remote.sha256, size=remote.size, retries=config.retries,
-                timeout_s=config.timeout_s, max_bytes=config.max_file_bytes, progress=sys.stderr.isatty(),
-            )
+            return download_file(url, dest, md5=expected["md5"], sha256=expected["sha256"], size=expected["size"],
+                                 retries=config.retries, timeout_s=config.timeout_s, max_bytes=config.max_file_bytes,
+                                 progress=sys.stderr.isatty())
         except DownloadError as exc:
             failures.append(exc)
             if attempt + 1 < len(planned.urls):
@@ -436,9 +528,14 @@ def _download(section: ManifestSection, planned: PlannedFile, dest: Path, config
     raise DownloadError(_download_failure(section, planned, failures))
 
 
+def url_file_name(url: str) -> str:
+    """The file name a URL's path ends with (percent-decoded; no query or fragment)."""
+    return unquote(urlparse(url).path.rsplit("/", 1)[-1])
+
+
 def _download_failure(section: ManifestSection, planned: PlannedFile, failures: list[DownloadError]) -> str:
     """The message for a file none of whose URLs worked: the file, each failure, the dataset page."""
-    name = unquote(urlparse(planned.urls[0]).path.rsplit("/", 1)[-1]) or planned.name
+    name = url_file_name(planned.urls[0]) or planned.name
     what = f"{planned.kind} ({name})"
     if planned.remote.derived and all(isinstance(f, RemoteNotFound) for f in failures):
         return (f"{what}: no server has the file at the URL(s) derived from the bundle's folder by 10x's naming "
@@ -456,16 +553,41 @@ def _link_or_copy(source: Path, dest: Path) -> None:
         shutil.copyfile(source, dest)
 
 
-def is_fetched(folder: Path, section: ManifestSection) -> bool:
-    """Whether ``folder`` is a finished section built from the files ``section`` lists now."""
+def is_fetched(folder: Path, section: ManifestSection, lock: Lock) -> bool:
+    """Whether ``folder`` is a finished section of ``section``'s manifest row whose recorded files match
+    the manifest's checksums and the lock (a lock without the section's rows does not stop it)."""
+    record = _read_record(folder)
+    if record is None or {k: v for k, v in record.items() if k != "files"} != _section_record(section):
+        return False
+    for kind in FILE_KINDS:
+        recorded = record["files"].get(kind)
+        if not isinstance(recorded, dict) or not all(isinstance(recorded.get(k), t) for k, t in
+                                                     (("bytes", int), ("md5", str), ("sha256", str), ("url", str))):
+            return False  # an older record, without the digests of what was downloaded: fetched again
+        expected, _ = expected_file(section.section_id, kind, getattr(section, kind), lock)
+        actual = {"md5": recorded["md5"], "sha256": recorded["sha256"], "size": recorded["bytes"]}
+        if any(value is not None and actual[name] != value for name, value in expected.items()):
+            return False
+    return True
+
+
+def recorded_files(folder: Path) -> list[LockedFile]:
+    """The files a finished section folder records (its ``section.json``), as lock rows."""
+    record = _read_record(folder) or {}
+    return [LockedFile(record["section_id"], kind, f["url"], f["bytes"], f["md5"], f["sha256"])
+            for kind, f in record.get("files", {}).items()]
+
+
+def _read_record(folder: Path) -> dict | None:
     try:
         record = json.loads((folder / SECTION_MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return record == _section_record(section)
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
 def _section_record(section: ManifestSection) -> dict:
+    """What ``section.json`` records of the manifest row (besides its files, :func:`fetch_section`)."""
     return {
         "section_id": section.section_id,
         "dataset": section.dataset,
@@ -473,16 +595,7 @@ def _section_record(section: ManifestSection) -> dict:
         "status": section.status,
         "source": "10x",
         "prefix": section.prefix,
-        "files": {kind: _file_record(getattr(section, kind)) for kind in FILE_KINDS},
     }
-
-
-def _file_record(remote: RemoteFile) -> dict:
-    """What ``section.json`` records of a download: sha256 and bytes, and md5 when the manifest has one."""
-    record: dict = {"sha256": remote.sha256, "bytes": remote.size}
-    if remote.md5 is not None:
-        record["md5"] = remote.md5
-    return record
 
 
 # --- Building the manifest's download columns from evidence --------------------------------------------
@@ -611,7 +724,7 @@ def _read_csv(path: Path) -> tuple[list[dict[str, str]], list[str]]:
     """The rows (every value a string) and the column names of a CSV file."""
     if not path.is_file():
         raise InputError("file not found", path=path)
-    with path.open(newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_utf8(path), newline="") as fh:
         reader = csv.DictReader(fh)
         rows = [{k: v or "" for k, v in row.items()} for row in reader]
         return rows, list(reader.fieldnames or ())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,3 +60,19 @@ def test_only_rows_whose_checkpoint_cellpath_finds_need_a_weights_file():
 
     assert not needs_weights_file(_row("entry-point:tiny-vit"))
     assert needs_weights_file(_row("entry-point:tiny-vit", hub_id="hf-hub:someone/my-model"))
+
+
+def test_the_weights_path_recorded_carries_no_machine_layout(tmp_path, monkeypatch):
+    """What a feature sidecar records as ``weights`` travels to remotes: no home folder, no project root."""
+    from cellpath.features.encoders.weights import portable_path
+
+    project, home, cache = tmp_path / "project", tmp_path / "home" / "alice", tmp_path / "home" / "alice" / "hub"
+    for folder in (project, cache):
+        folder.mkdir(parents=True)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("HOME", str(home))
+    assert portable_path(project / "models" / "uni" / "pytorch_model.bin", cache) == "models/uni/pytorch_model.bin"
+    assert portable_path(cache / "models--x--y" / "snapshots" / "abc" / "m.bin", cache) == \
+        "<hf cache>/models--x--y/snapshots/abc/m.bin"
+    assert portable_path(home / "weights" / "m.bin", cache) == "~/weights/m.bin"
+    assert portable_path(Path("/shared/weights/m.bin"), cache) == "/shared/weights/m.bin"

@@ -286,7 +286,12 @@ def test_oversubscribed_workers_wait_passively_unless_the_environment_says_other
     ({"workers": 0}, "key `executor.workers`: Input should be greater than or equal to 1"),
     ({"backend": "ray"}, "key `executor.backend`: Input should be 'local' or 'dask'"),
     ({"backend": "dask", "address": "10.0.0.5:8786"}, "key `executor.address`: expected a Dask scheduler address"),
-    ({"address": "tcp://10.0.0.5:8786"}, "key `executor`: address and cluster: slurm are Dask settings"),
+    ({"address": "tls://10.0.0.5:8786"}, "key `executor`: address and cluster: slurm are Dask settings"),
+    ({"backend": "dask", "address": "tcp://10.0.0.5:8786"},
+     "key `executor.address`: a tcp:// scheduler takes unauthenticated connections: anyone who reaches 10.0.0.5 can "
+     "run code as you on its workers. Use a tls:// scheduler"),
+    ({"backend": "dask", "address": "ws://[fe80::1]:8786"}, "a ws:// scheduler takes unauthenticated connections"),
+    ({"backend": "dask", "dashboard_address": "0.0.0.0"}, "key `executor.dashboard_address`: String should match"),
     ({"cluster": "pbs"}, "key `executor.cluster`: Input should be 'local' or 'slurm'"),
     ({"slurm_options": {}}, "unknown key `executor.slurm_options`: allowed keys here: backend, workers, address"),
 ])
@@ -294,6 +299,13 @@ def test_executor_block_is_validated(executor, needle):
     with pytest.raises(ConfigError) as err:
         parse_params({"synthetic": {"sections": TINY_SECTIONS}, "executor": executor})
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("address", ["tls://10.0.0.5:8786", "wss://scheduler.lab:443", "tcp://127.0.0.1:8786",
+                                     "tcp://localhost:8786", "tcp://[::1]:8786", "ws://127.0.0.2:8786"])
+def test_encrypted_or_loopback_schedulers_are_accepted(address):
+    params = parse_params({"synthetic": {"sections": TINY_SECTIONS}, "executor": {"backend": "dask", "address": address}})
+    assert params.executor.address == address
 
 
 def test_slurm_without_dask_jobqueue_says_how_to_install_it(tmp_path, monkeypatch):

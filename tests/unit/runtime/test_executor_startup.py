@@ -145,3 +145,54 @@ def test_every_worker_gone_fails_the_run_once_the_startup_timeout_has_passed(tmp
     assert str(failure[0]) == ("every Dask worker was gone and none came back within executor.startup_timeout_s (1 s), "
                                "1 task(s) unfinished; finished tasks are kept: rerun the stage to resume")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_local_cluster_speaks_tls_on_loopback_and_refuses_plain_connections(tmp_path: Path):
+    """The LocalCluster the executor starts: scheduler and dashboard on 127.0.0.1, TLS with throwaway
+    certificates, so that another user of the machine cannot submit code through it."""
+    from distributed import Client
+
+    from cellpath.runtime.executor import dask_client
+
+    from distributed.comm.utils import get_tcp_server_addresses
+
+    with dask_client(_executor(backend="dask", workers=1), gpus=[]) as client:
+        address = client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        assert {host for host, _ in get_tcp_server_addresses(client.cluster.scheduler.http_server)} == {"127.0.0.1"}
+        assert client.submit(sum, [1, 2]).result() == 3
+        plain = "tcp://" + address.removeprefix("tls://")
+        with pytest.raises((OSError, TimeoutError)):
+            Client(plain, timeout=3)  # no certificate, no TLS: no connection
+
+
+def test_slurm_workers_get_tls_and_a_loopback_dashboard_unless_executor_slurm_says_otherwise(tmp_path, monkeypatch):
+    from cellpath.runtime.slurm import TLS_FOLDER, cluster_arguments
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    arguments = cluster_arguments(_executor(backend="dask", cluster="slurm", slurm={"cores": 1, "memory": "1GB"}))
+    folder = tmp_path / TLS_FOLDER
+    assert arguments == {"security": True, "cores": 1, "memory": "1GB", "shared_temp_directory": str(folder),
+                         "scheduler_options": {"dashboard_address": "127.0.0.1:0"}}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    chosen = cluster_arguments(_executor(backend="dask", cluster="slurm", dashboard_address="0.0.0.0:8787",
+                                         slurm={"security": False, "scheduler_options": {"port": 8786}}))
+    assert chosen == {"security": False, "scheduler_options": {"dashboard_address": "0.0.0.0:8787", "port": 8786}}
+
+
+def test_a_slurm_job_script_carries_tls_options_for_its_worker(tmp_path, monkeypatch):
+    """dask-jobqueue writes the workers' certificate and key (0600) to the private folder and names them,
+    with a tls:// scheduler address, in each worker's command line."""
+    from dask_jobqueue import SLURMCluster
+
+    from cellpath.runtime.slurm import cluster_arguments
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with SLURMCluster(**cluster_arguments(_executor(backend="dask", cluster="slurm", slurm={
+            "cores": 1, "memory": "1GB", "log_directory": str(tmp_path / "logs")}))) as cluster:
+        script = cluster.job_script()
+        assert cluster.scheduler_address.startswith("tls://")
+        for option in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+            assert option in script
+        written = list((tmp_path / ".cache" / "cellpath" / "dask-tls").iterdir())
+        assert written and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in written)

@@ -92,3 +92,60 @@ def test_a_runs_own_outputs_do_not_make_the_tree_dirty_but_an_edited_param_does(
     assert provenance_tags(tmp_path)["git.dirty"] == "false"
     (tmp_path / "params.yaml").write_text("a: 2\n")
     assert provenance_tags(tmp_path)["git.dirty"] == "true"
+
+
+TWO_STAGES = """
+import sys, time
+from pathlib import Path
+from cellpath.config import MlflowConfig
+from cellpath.runtime.tracking import Tracker
+
+uri, stage, gate = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+(gate / f"{stage}.ready").touch()
+while not (gate / "go").exists():  # both processes start their writes together
+    time.sleep(0.01)
+cfg = MlflowConfig(tracking_uri=uri, experiment="shared")
+with Tracker(cfg, stage, root=gate) as tracker:
+    for i in range(20):
+        tracker.log_child(f"{stage}-{i}", {"i": i}, {"m": float(i)})
+    tracker.finish({"stage": stage}, {"n": 20.0})
+"""
+
+
+def test_two_stages_logging_at_once_to_a_new_sqlite_store_both_land(tmp_path):
+    """Two stages of one project (two `dvc repro`s, or a queue of two) create and fill one new SQLite store
+    at the same moment: the store's lock orders their writes, and every run of both arrives."""
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    script = tmp_path / "stage.py"
+    script.write_text(TWO_STAGES)
+    stages = [subprocess.Popen([sys.executable, str(script), uri, stage, str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for stage in ("probe", "robustness")]
+    while not all((tmp_path / f"{stage}.ready").exists() for stage in ("probe", "robustness")):
+        assert all(s.poll() is None for s in stages), [s.communicate() for s in stages]
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    for stage in stages:
+        out, err = stage.communicate(timeout=600)
+        assert stage.returncode == 0, err
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("shared")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    assert len(runs) == 2 * 21
+    assert sorted(r.data.tags["cellpath.stage"] for r in runs if r.data.tags["cellpath.kind"] == "stage") == \
+        ["probe", "robustness"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert (tmp_path / "mlflow.db.lock").is_file()
+
+
+def test_the_store_lock_sits_beside_a_local_store_only(tmp_path):
+    from cellpath.runtime.tracking import store_lock
+
+    assert store_lock(f"sqlite:///{tmp_path}/m.db") == tmp_path / "m.db.lock"
+    assert store_lock((tmp_path / "mlruns").as_uri()) == tmp_path / "mlruns" / ".cellpath.lock"
+    assert store_lock("http://127.0.0.1:5000") is None
+    assert store_lock("postgresql://db.lab/mlflow") is None

@@ -1,18 +1,19 @@
-"""download_file and safe_extract against a local HTTP server with injected faults (no network)."""
+"""download_file against a local HTTP server with injected faults (no network)."""
 
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
-import zipfile
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cellpath.errors import DownloadError
-from cellpath.sources.download import RemoteNotFound, download_file, file_digests, part_path, safe_extract
+from cellpath.sources import download
+from cellpath.sources.download import (Downloaded, RemoteNotFound, download_file, file_digests, origin_path,
+                                       part_path)
 from helpers.http_server import FaultyServer, serving
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
@@ -35,36 +36,104 @@ def server(tmp_path: Path) -> Iterator[FaultyServer]:
 def test_full_download_checks_size_and_sha(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "out" / "data.bin"
     got = download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, size=len(PAYLOAD), **FAST)
-    assert got == dest and dest.read_bytes() == PAYLOAD
+    assert got == Downloaded(dest, len(PAYLOAD), PAYLOAD_MD5, PAYLOAD_SHA) and dest.read_bytes() == PAYLOAD
     assert not part_path(dest).exists()
     assert server.ranges("data.bin") == [None]
 
 
 def test_existing_verified_file_is_not_downloaded_again(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
-    dest.write_bytes(PAYLOAD)
     download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, size=len(PAYLOAD), **FAST)
-    assert server.requests == []
+    again = download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, size=len(PAYLOAD), **FAST)
+    assert again.sha256 == PAYLOAD_SHA and len(server.requests) == 1
 
 
-def test_existing_file_with_wrong_content_is_replaced(server: FaultyServer, tmp_path: Path) -> None:
+def test_cached_file_with_wrong_content_is_replaced(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
+    download_file(server.url("data.bin"), dest, **FAST)
     dest.write_bytes(b"stale")
     download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, **FAST)
-    assert dest.read_bytes() == PAYLOAD
+    assert dest.read_bytes() == PAYLOAD and server.ranges("data.bin") == [None, None]
 
 
-def test_partial_file_is_resumed_with_a_range_request(server: FaultyServer, tmp_path: Path) -> None:
+def test_a_file_cached_without_its_origin_is_not_trusted(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
-    part_path(dest).write_bytes(PAYLOAD[:4000])
-    download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, size=len(PAYLOAD), **FAST)
+    dest.write_bytes(PAYLOAD)  # e.g. copied in by hand, or left by an older version: no record of its URL
+    part_path(dest).write_bytes(b"junk")
+    download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, **FAST)
+    assert dest.read_bytes() == PAYLOAD and server.ranges("data.bin") == [None]
+    assert json.loads(origin_path(dest).read_text())["url"] == server.url("data.bin")
+
+
+def _interrupted(server: FaultyServer, dest: Path, after: int, **expected: object) -> None:
+    """A first download of data.bin that gives up after ``after`` bytes, leaving its partial file."""
+    server.faults["data.bin"] = [f"truncate:{after}"]
+    with pytest.raises(DownloadError, match="after 1 attempt"):
+        download_file(server.url("data.bin"), dest, **expected, **{**FAST, "retries": 0})
+    assert part_path(dest).stat().st_size == after
+
+
+def test_partial_file_is_resumed_with_range_and_if_range(server: FaultyServer, tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    _interrupted(server, dest, 4000)
+    download_file(server.url("data.bin"), dest, **FAST)
     assert dest.read_bytes() == PAYLOAD
-    assert server.ranges("data.bin") == ["bytes=4000-"]
+    assert server.ranges("data.bin") == [None, "bytes=4000-"]
+    assert server.headers[-1]["If-Range"] == json.loads(origin_path(dest).read_text())["etag"]
+
+
+def test_a_file_changed_on_the_server_is_not_spliced_onto_the_partial(server: FaultyServer, tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    _interrupted(server, dest, 4000)
+    changed = bytes(reversed(PAYLOAD))
+    (server.root / "data.bin").write_bytes(changed)
+    got = download_file(server.url("data.bin"), dest, **FAST)
+    assert dest.read_bytes() == changed and got.sha256 == hashlib.sha256(changed).hexdigest()
+    assert server.ranges("data.bin") == [None, "bytes=4000-"]  # asked to resume; answered with the whole new file
+
+
+def test_a_partial_without_validators_or_checksum_starts_over(server: FaultyServer, tmp_path: Path) -> None:
+    server.validators = False
+    dest = tmp_path / "data.bin"
+    _interrupted(server, dest, 4000)
+    download_file(server.url("data.bin"), dest, **FAST)
+    assert server.ranges("data.bin") == [None, None]
+
+
+def test_a_partial_with_a_checksum_resumes_without_validators(server: FaultyServer, tmp_path: Path) -> None:
+    server.validators = False
+    dest = tmp_path / "data.bin"
+    _interrupted(server, dest, 4000, sha256=PAYLOAD_SHA)
+    download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, **FAST)
+    assert dest.read_bytes() == PAYLOAD and server.ranges("data.bin") == [None, "bytes=4000-"]
+
+
+def test_a_changed_url_discards_the_cached_file_and_partial(server: FaultyServer, tmp_path: Path) -> None:
+    (server.root / "denied.html").write_bytes(b"<html>Access denied</html>")
+    dest = tmp_path / "bundle"
+    download_file(server.url("denied.html"), dest, **FAST)  # the wrong URL, no checksum: cached as the file
+    part_path(dest).write_bytes(b"<html>Acc")
+    got = download_file(server.url("data.bin"), dest, **FAST)  # the URL fixed
+    assert dest.read_bytes() == PAYLOAD and got.sha256 == PAYLOAD_SHA
+    assert server.ranges("data.bin") == [None]
+
+
+def test_an_unchecked_cached_file_is_kept_only_when_the_server_says_unchanged(server: FaultyServer,
+                                                                               tmp_path: Path) -> None:
+    dest = tmp_path / "data.bin"
+    download_file(server.url("data.bin"), dest, **FAST)
+    download_file(server.url("data.bin"), dest, **FAST)
+    assert server.headers[-1]["If-None-Match"] == json.loads(origin_path(dest).read_text())["etag"]
+    assert len(server.requests) == 2 and dest.read_bytes() == PAYLOAD  # the 304 kept it
+    changed = PAYLOAD[::-1]
+    (server.root / "data.bin").write_bytes(changed)
+    download_file(server.url("data.bin"), dest, **FAST)
+    assert dest.read_bytes() == changed
 
 
 def test_server_ignoring_range_restarts_from_zero(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
-    part_path(dest).write_bytes(PAYLOAD[:4000])
+    _interrupted(server, dest, 4000)
     server.faults["data.bin"] = ["ignore_range"]
     download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, **FAST)
     assert dest.read_bytes() == PAYLOAD
@@ -72,10 +141,34 @@ def test_server_ignoring_range_restarts_from_zero(server: FaultyServer, tmp_path
 
 def test_complete_partial_file_answered_416_is_accepted(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
-    part_path(dest).write_bytes(PAYLOAD)
+    _interrupted(server, dest, 4000)
+    part_path(dest).write_bytes(PAYLOAD)  # the last byte written, the process killed before the rename
     download_file(server.url("data.bin"), dest, sha256=PAYLOAD_SHA, **FAST)
     assert dest.read_bytes() == PAYLOAD
-    assert server.ranges("data.bin") == [f"bytes={len(PAYLOAD)}-"]
+    assert server.ranges("data.bin")[-1] == f"bytes={len(PAYLOAD)}-"
+
+
+def test_https_redirect_to_http_is_refused(tmp_path: Path) -> None:
+    handler = download._HttpsOnlyRedirects()
+    request = urllib.request.Request("https://example.org/bundle.zip")
+    with pytest.raises(DownloadError, match="leaves https"):
+        handler.redirect_request(request, None, 302, "Found", {}, "http://example.org/bundle.zip")
+    with pytest.raises(DownloadError, match="leaves https"):
+        handler.redirect_request(request, None, 302, "Found", {}, "ftp://example.org/bundle.zip")
+    assert handler.redirect_request(request, None, 302, "Found", {}, "https://cdn.example.org/b.zip").full_url == \
+        "https://cdn.example.org/b.zip"
+
+
+def test_redirects_are_followed_only_to_http(server: FaultyServer, tmp_path: Path) -> None:
+    server.faults["moved.bin"] = ["redirect:" + server.url("data.bin")]
+    got = download_file(server.url("moved.bin"), tmp_path / "data.bin", sha256=PAYLOAD_SHA, **FAST)
+    assert got.sha256 == PAYLOAD_SHA
+    secret = tmp_path / "secret.txt"
+    secret.write_text("local")
+    server.faults["moved.bin"] = ["redirect:" + secret.as_uri()]
+    with pytest.raises(DownloadError, match="Redirection to url 'file:.*' is not allowed"):
+        download_file(server.url("moved.bin"), tmp_path / "other.bin", **FAST)
+    assert not (tmp_path / "other.bin").exists()
 
 
 def test_truncated_body_is_retried_and_resumed(server: FaultyServer, tmp_path: Path) -> None:
@@ -128,14 +221,14 @@ def test_md5_mismatch_is_deleted_and_names_both_sums(server: FaultyServer, tmp_p
     assert not dest.exists() and not part_path(dest).exists()
 
 
-def test_existing_file_matching_its_md5_is_kept_without_a_request(server: FaultyServer, tmp_path: Path) -> None:
+def test_cached_file_matching_its_md5_is_kept_without_a_request(server: FaultyServer, tmp_path: Path) -> None:
     dest = tmp_path / "data.bin"
-    dest.write_bytes(PAYLOAD)
     download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5, **FAST)
-    assert server.requests == []
+    download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5, **FAST)
+    assert len(server.requests) == 1
     dest.write_bytes(PAYLOAD[:-1] + b"x")  # same size, other content: fetched again
     download_file(server.url("data.bin"), dest, md5=PAYLOAD_MD5, size=len(PAYLOAD), **FAST)
-    assert dest.read_bytes() == PAYLOAD and len(server.requests) == 1
+    assert dest.read_bytes() == PAYLOAD and len(server.requests) == 2
 
 
 def test_missing_remote_file_is_a_remote_not_found(server: FaultyServer, tmp_path: Path) -> None:
@@ -183,129 +276,3 @@ def test_file_url(tmp_path: Path) -> None:
 def test_unsupported_scheme_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DownloadError, match="unsupported URL scheme 'ftp'"):
         download_file("ftp://127.0.0.1/data.bin", tmp_path / "data.bin", **FAST)
-
-
-# --- safe_extract -------------------------------------------------------------------------------
-
-
-def _zip(path: Path, members: dict[str, bytes], symlinks: dict[str, str] | None = None) -> Path:
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(zipfile.ZipInfo(name), data)
-        for name, target in (symlinks or {}).items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = 0o120777 << 16
-            zf.writestr(info, target)
-    return path
-
-
-def _tar(path: Path, members: dict[str, bytes], links: dict[str, tuple[bytes, str]] | None = None) -> Path:
-    """``links[name] = (tarfile.SYMTYPE | LNKTYPE | CHRTYPE, linkname)``."""
-    with tarfile.open(path, "w:gz") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, (kind, target) in (links or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            info.linkname = target
-            tf.addfile(info)
-    return path
-
-
-def _assert_nothing_extracted(dest: Path) -> None:
-    assert not dest.exists()
-    assert [p.name for p in dest.parent.iterdir() if p.name.startswith(".")] == []
-
-
-BUNDLE = {"outs/cells.parquet": b"cells", "outs/experiment.xenium": b"{}", "outs/sub/a.txt": b"a"}
-
-
-@pytest.mark.parametrize("make", [_zip, _tar], ids=["zip", "tar"])
-def test_single_top_folder_is_flattened(make, tmp_path: Path) -> None:
-    archive = make(tmp_path / "bundle", BUNDLE)
-    dest = tmp_path / "raw" / "sec"
-    files = safe_extract(archive, dest)
-    assert sorted(files) == sorted(dest / p for p in ("cells.parquet", "experiment.xenium", "sub/a.txt"))
-    assert (dest / "cells.parquet").read_bytes() == b"cells"
-    assert sorted(p.name for p in dest.parent.iterdir()) == ["sec"]
-
-
-def test_several_top_level_entries_are_kept(tmp_path: Path) -> None:
-    archive = _zip(tmp_path / "b.zip", {"cells.parquet": b"c", "outs/x.txt": b"x"})
-    dest = tmp_path / "sec"
-    safe_extract(archive, dest)
-    assert (dest / "cells.parquet").is_file() and (dest / "outs" / "x.txt").is_file()
-
-
-@pytest.mark.parametrize("make", [_zip, _tar], ids=["zip", "tar"])
-@pytest.mark.parametrize("bad", ["/etc/evil", "outs/../../evil", "../evil"])
-def test_escaping_member_paths_are_refused(make, bad: str, tmp_path: Path) -> None:
-    archive = make(tmp_path / "bundle", {"outs/ok.txt": b"ok", bad: b"evil"})
-    dest = tmp_path / "raw" / "sec"
-    with pytest.raises(DownloadError, match="refusing") as err:
-        safe_extract(archive, dest)
-    assert str(archive) in str(err.value) and bad in str(err.value)
-    _assert_nothing_extracted(dest)
-    assert not (tmp_path / "evil").exists()
-
-
-def test_zip_symlink_member_is_refused(tmp_path: Path) -> None:
-    archive = _zip(tmp_path / "b.zip", {"outs/ok.txt": b"ok"}, symlinks={"outs/link": "ok.txt"})
-    dest = tmp_path / "raw" / "sec"
-    with pytest.raises(DownloadError, match="'outs/link' is a symlink"):
-        safe_extract(archive, dest)
-    _assert_nothing_extracted(dest)
-
-
-@pytest.mark.parametrize(
-    "link",
-    [
-        (tarfile.SYMTYPE, "/etc/passwd"),
-        (tarfile.SYMTYPE, "../../outside"),
-        (tarfile.LNKTYPE, "../outside"),
-        (tarfile.CHRTYPE, ""),
-    ],
-    ids=["absolute-symlink", "relative-symlink", "hardlink", "device"],
-)
-def test_tar_links_outside_and_devices_are_refused(link: tuple[bytes, str], tmp_path: Path) -> None:
-    archive = _tar(tmp_path / "b.tar.gz", {"outs/ok.txt": b"ok"}, links={"outs/link": link})
-    dest = tmp_path / "raw" / "sec"
-    with pytest.raises(DownloadError, match="'outs/link'"):
-        safe_extract(archive, dest)
-    _assert_nothing_extracted(dest)
-
-
-def test_tar_symlink_chain_resolving_outside_is_refused(tmp_path: Path) -> None:
-    links = {"outs/here": (tarfile.SYMTYPE, "."), "outs/escape": (tarfile.SYMTYPE, "here/../..")}
-    archive = _tar(tmp_path / "b.tar.gz", {"outs/ok.txt": b"ok"}, links=links)
-    dest = tmp_path / "raw" / "sec"
-    with pytest.raises(DownloadError, match="refusing"):
-        safe_extract(archive, dest)
-    _assert_nothing_extracted(dest)
-
-
-def test_tar_links_inside_are_kept(tmp_path: Path) -> None:
-    links = {"outs/soft": (tarfile.SYMTYPE, "ok.txt"), "outs/hard": (tarfile.LNKTYPE, "outs/ok.txt")}
-    archive = _tar(tmp_path / "b.tar.gz", {"outs/ok.txt": b"ok"}, links=links)
-    dest = tmp_path / "sec"
-    safe_extract(archive, dest)
-    assert (dest / "soft").is_symlink() and (dest / "soft").read_bytes() == b"ok"
-    assert (dest / "hard").read_bytes() == b"ok"
-
-
-@pytest.mark.parametrize("make", [_zip, _tar], ids=["zip", "tar"])
-def test_uncompressed_size_cap(make, tmp_path: Path) -> None:
-    archive = make(tmp_path / "bundle", {"outs/zeros.bin": bytes(100_000)})
-    dest = tmp_path / "raw" / "sec"
-    with pytest.raises(DownloadError, match="above the cap of 50000 bytes"):
-        safe_extract(archive, dest, max_total_bytes=50_000)
-    _assert_nothing_extracted(dest)
-
-
-def test_not_an_archive(tmp_path: Path) -> None:
-    bogus = tmp_path / "bundle"
-    bogus.write_bytes(b"<html>sign in</html>")
-    with pytest.raises(DownloadError, match="not a zip or tar archive"):
-        safe_extract(bogus, tmp_path / "sec")

@@ -14,6 +14,7 @@ from cellpath.config import TenxConfig, parse_params
 from cellpath.errors import DownloadError, InputError
 from cellpath.preflight import planned_sections
 from cellpath.sources.download import part_path
+from cellpath.sources.lock import read_lock
 from cellpath.sources.tenx import check_downloads, fetch_tenx, mirror_url, read_manifest
 from helpers.http_server import FaultyServer, serving
 from helpers.tenx_mirror import TENX_ROOT, ServedSection, manifest_row, write_manifest, write_served
@@ -63,7 +64,12 @@ def test_http_mirror_serves_every_file_and_md5_is_recorded(tmp_path: Path, serve
                                                                   for k in ("bundle", "he_image", "he_alignment"))
     record = json.loads((tmp_path / "raw" / "sec_old" / "section.json").read_text())
     assert record["files"]["bundle"]["md5"] == hashlib.md5((served / OLD.relative("bundle")).read_bytes()).hexdigest()
-    assert "md5" not in json.loads((tmp_path / "raw" / "sec_new" / "section.json").read_text())["files"]["bundle"]
+    assert record["files"]["bundle"]["verified"] == "published checksum"
+    new = json.loads((tmp_path / "raw" / "sec_new" / "section.json").read_text())["files"]["bundle"]
+    assert new["md5"] == hashlib.md5((served / NEW.relative("bundle")).read_bytes()).hexdigest()
+    assert new["verified"] == "first use"  # no published sum: its first download is recorded in the lock
+    locked = read_lock(tmp_path / "m.lock.csv")
+    assert locked[("sec_new", "bundle")].sha256 == new["sha256"] and len(locked) == 6
     assert (tmp_path / "raw" / "sec_new" / f"{NEW.name}_he_image.ome.tif").is_file()
 
 

@@ -32,7 +32,8 @@ from cellpath.features.encoders.lora_format import holds_every_weight, wrap_for_
 from cellpath.features.encoders.open_clip_format import build_open_clip_visual
 from cellpath.features.encoders.registry import ENTRY_POINT_GROUP, EncoderSpec
 from cellpath.features.encoders.transformers_format import build_transformers_module
-from cellpath.features.encoders.weights import CHECKPOINT_FILENAMES, WeightsFile, find_weights, locate_weights
+from cellpath.features.encoders.weights import (CHECKPOINT_FILENAMES, WeightsFile, find_weights, locate_weights,
+                                                portable_path)
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def load_encoder(spec: EncoderSpec, *, weights_dir: Path = Path("models"), devic
         for warning in warnings:
             log.warning(warning)
         module, revision = _build_with_weights(spec, found, device, weights_dir, hf_cache_dir)
-        weights = str(found.path)
+        weights = portable_path(found.path, hf_cache_dir)
     check_module(spec, module)
     module.eval().requires_grad_(False).to(device)
     return Encoder(spec=spec, module=module, device=device, weights=weights, revision=revision,
@@ -215,7 +216,7 @@ def build_entry_point_module(spec: EncoderSpec, weights_path: Path | None, weigh
     package = f"{point.dist.name}=={point.dist.version}" if point.dist is not None else point.value
     if weights is None:
         return module, f"built by {point.value}", package
-    return module, str(weights.path), f"{weights.revision};{package}"
+    return module, portable_path(weights.path, hf_cache_dir), f"{weights.revision};{package}"
 
 
 def build_timm_module(spec: EncoderSpec) -> nn.Module:

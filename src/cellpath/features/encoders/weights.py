@@ -30,6 +30,18 @@ class WeightsFile:
     origin: Literal["local", "hf-cache"]
 
 
+def portable_path(path: Path, hf_cache_dir: Path | None = None) -> str:
+    """Where a checkpoint is, as a sidecar records it without the machine's layout: relative to the project
+    (the working directory) when inside it, ``<hf cache>/…`` inside the Hugging Face cache, ``~/…`` in the
+    home folder, else absolute (a shared folder the user named)."""
+    path = Path(path).absolute()
+    cache = Path(hf_cache_dir) if hf_cache_dir is not None else Path(hf_constants.HF_HUB_CACHE)
+    for base, label in ((Path.cwd(), ""), (cache.absolute(), "<hf cache>/"), (Path.home(), "~/")):
+        if path.is_relative_to(base):
+            return label + path.relative_to(base).as_posix()
+    return path.as_posix()
+
+
 def needs_weights_file(spec: EncoderSpec) -> bool:
     """Whether loading the row reads a checkpoint file cellpath looks for: the file loaders, and an
     entry-point row with a hub_id (one without brings its own weights)."""
