@@ -3,9 +3,12 @@
 A private timm ViT-S/16 — docs/encoders.md's row, no hub id, its state dict written to
 ``models/my-vit-s16/model.safetensors`` — then the commands of the walkthrough's "simulated default"
 section, read from the document and run in its order on a copy of the tiny project's completed run:
-`encoders check`, `validate --preset placement --models`, `plan --preset placement --models`, the
-`dvc exp run` that adds the model, and `dvc metrics show`. The model must come out beside the
-paper's 30, unranked, with the reasons, in the report's table, `dvc metrics` and MLflow.
+`encoders check` (the model and its anchor), `validate --preset placement --models --anchors`,
+`plan --preset placement --models --anchors`, the `dvc exp run` that adds the model and the anchor
+(Kaiko ViT-S/16, whose seeded checkpoint of the registry's architecture the test writes in its
+``models/`` folder, as a user copies the downloaded one), and `dvc metrics show`. The model and the
+anchor must come out beside the paper's 30, unranked, with the reasons, in the report's table, `dvc
+metrics` and MLflow.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from helpers.project import HANG_GUARD_S
 pytestmark = pytest.mark.slow
 
 SLUG = "my-vit-s16"
+ANCHOR = "kaiko-vit-s-16"
 WALKTHROUGH = PROJECT_ROOT / "docs" / "placement.md"
 ENCODERS_DOC = PROJECT_ROOT / "docs" / "encoders.md"
 VENV_BIN = Path(sys.executable).parent
@@ -58,17 +62,19 @@ def _run(argv: list[str], work: Path) -> subprocess.CompletedProcess:
 
 
 def _write_private_model(work: Path) -> None:
-    """Step 1: the row appended to the registry, a ViT-S/16 state dict (seeded, not pretrained) in models/<slug>/."""
+    """Step 1: the row appended to the registry, a ViT-S/16 state dict (seeded, not pretrained) in
+    models/<slug>/; and the anchor's weights (the same architecture, another seed) in models/<anchor>/."""
     import timm
     import torch
     from safetensors.torch import save_file
 
     with (work / "models" / "encoders.yaml").open("a") as registry:
         registry.write(_documented_row())
-    torch.manual_seed(0)
-    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0)
-    (work / "models" / SLUG).mkdir()
-    save_file(model.state_dict(), work / "models" / SLUG / "model.safetensors")
+    for seed, slug in enumerate([SLUG, ANCHOR]):
+        torch.manual_seed(seed)
+        model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0)
+        (work / "models" / slug).mkdir()
+        save_file(model.state_dict(), work / "models" / slug / "model.safetensors")
 
 
 def _report_run(work: Path) -> tuple[dict[str, float], dict[str, str]]:
@@ -97,30 +103,32 @@ def walked(tiny_dvc_run, tmp_path_factory) -> dict:
 def test_the_walkthrough_runs_the_documented_commands_in_order(walked):
     names = [" ".join(argv[:3]) for argv in walked["commands"]]
     assert [name.removeprefix(".venv/bin/") for name in names] == [
-        "cellpath encoders check", "cellpath validate --preset", "cellpath plan --preset", "dvc exp run",
-        "dvc metrics show"]
-    check, validate, plan, experiment, metrics = walked["results"]
-    assert check.returncode == 0 and check.stdout.rstrip().endswith("ok"), check.stdout + check.stderr
+        "cellpath encoders check", "cellpath encoders check", "cellpath validate --preset", "cellpath plan --preset",
+        "dvc exp run", "dvc metrics show"]
+    check, check_anchor, validate, plan, experiment, metrics = walked["results"]
+    for checked in (check, check_anchor):
+        assert checked.returncode == 0 and checked.stdout.rstrip().endswith("ok"), checked.stdout + checked.stderr
     assert experiment.returncode == 0, experiment.stdout + experiment.stderr
     assert metrics.returncode == 0, metrics.stdout + metrics.stderr
 
 
 def test_validate_says_the_panel_is_not_here_and_the_model_can_run(walked):
-    validate = walked["results"][1]
+    validate = walked["results"][2]
     assert validate.returncode == 2, validate.stdout + validate.stderr
     text = validate.stdout + validate.stderr
-    assert f"in the placement configuration (the paper's at its headline condition) for {SLUG}" in text
+    assert f"in the placement configuration (the paper's at its headline condition) for {SLUG}, {ANCHOR}" in text
     assert "0 of 25 sections ready: the panel is not ready" in text
-    assert "encoders cannot run" not in text  # the private model's weights were found and load
+    assert "encoders cannot run" not in text  # the private model's and the anchor's weights were found and load
 
 
 def test_plan_prices_the_placement_as_a_fraction_of_the_papers_share(walked):
-    plan = walked["results"][2]
+    plan = walked["results"][3]
     assert plan.returncode == 0, plan.stdout + plan.stderr
     line = next(row for row in plan.stdout.splitlines() if row.strip().startswith("CPU core-hours:"))
     placement, paper = (float(total.replace(",", "")) for total in re.findall(r"→ ([\d,.]+)", line))
     assert 0 < placement < 0.1 * paper, line  # the headline condition only: a few per cent of the paper's share
-    assert f"-S 'extract.encoders=[{SLUG}]'" in plan.stdout and "to run it: dvc exp run -S source=10x" in plan.stdout
+    assert f"placement of {SLUG}, {ANCHOR}:" in plan.stdout
+    assert f"-S 'extract.encoders=[{SLUG}, {ANCHOR}]'" in plan.stdout and "to run it: dvc exp run -S source=10x" in plan.stdout
 
 
 def test_the_model_is_shown_beside_the_paper_unranked_with_the_reasons(walked):
@@ -135,11 +143,13 @@ def test_the_model_is_shown_beside_the_paper_unranked_with_the_reasons(walked):
     for row in ours.itertuples():
         entry = placed[SLUG][row.protocol.upper()]
         assert entry == {"mean": round(100.0 * row.mean, 2)}  # no rank: not comparable
+    assert set(placed[ANCHOR]) == set(placed[SLUG])  # the anchor ran under the same protocols
     beside = pd.read_csv(work / "reports" / "tables" / "published_this_run.csv", index_col=0)
-    assert SLUG in beside.index and not (work / "reports" / "tables" / "published_rank_intervals.csv").exists()
+    assert {SLUG, "Kaiko ViT-S/16"} <= set(beside.index)
+    assert not (work / "reports" / "tables" / "published_rank_intervals.csv").exists()
     caption = (work / "reports" / "tables" / "published_this_run.md").read_text()
     assert "Not comparable, so not ranked" in caption and "simulated panel" in caption
-    shown = walked["results"][4].stdout
+    shown = walked["results"][5].stdout
     assert all(f"{SLUG}.{protocol}.mean" in shown for protocol in placed[SLUG]), shown
 
 

@@ -61,6 +61,36 @@ def test_run_table_has_one_row_per_planned_run(all_protocols):
         counts_json["total"]["not_converged"]
 
 
+def test_every_runs_chosen_c_and_tie_count_follow_from_its_stored_per_c_scores(all_protocols):
+    """probe/c_scores.parquet keeps every C of every fitted run with its exact validation Macro-F1:
+    recomputed from it, the smallest of the Cs whose fraction equals the best, and how many do, are
+    the run table's chosen_c and c_tied on every run; the largest tied C would not be."""
+    from fractions import Fraction
+
+    from cellpath.probing.tasks import C_SCORE_KEYS
+
+    reports = all_protocols["reports"] / "probe"
+    runs = pd.read_parquet(reports / "runs.parquet")
+    c_scores = pd.read_parquet(reports / "c_scores.parquet")
+    assert list(c_scores.columns) == C_SCORE_KEYS
+    keys = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "seed"]
+    grid = all_protocols["params"].probe.c_grid
+    ok = runs[runs["status"] == "ok"].set_index(keys)
+    recomputed, largest = {}, {}
+    for key, part in c_scores.groupby(keys, sort=False):
+        assert part["c"].tolist() == grid  # every C, in grid order
+        exact = [Fraction(text) for text in part["val_macro_f1_exact"]]
+        assert part["val_macro_f1"].tolist() == [float(value) for value in exact]
+        tied = [c for c, value in zip(part["c"], exact) if value == max(exact)]
+        recomputed[key] = (min(tied), len(tied), float(max(exact)))
+        largest[key] = max(tied)
+    assert sorted(recomputed) == sorted(ok.index) and len(c_scores) == len(grid) * len(ok)  # skipped: no rows
+    for key, (chosen, tied, val_f1) in recomputed.items():
+        assert (ok.loc[key, "chosen_c"], ok.loc[key, "c_tied"], ok.loc[key, "val_macro_f1"]) == (chosen, tied, val_f1)
+    assert (ok["c_tied"] > 1).any()  # ties to decide: the largest tied C gives another table
+    assert any(largest[key] != ok.loc[key, "chosen_c"] for key in recomputed)
+
+
 def test_probes_learn_the_cell_types(all_protocols):
     """Filterbank Nuc features of the simulated nuclei predict Tcoarse above chance across sections.
     (Not IS here: at 10× a patch is 224 µm, a third of a tiny section, so a leak-free IS split keeps

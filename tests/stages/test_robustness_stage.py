@@ -148,8 +148,17 @@ def test_low_margin_enrichment_and_shortcut(stage):
     metrics = json.loads((stage["reports"] / "robustness_metrics.json").read_text())
     assert metrics["magnification"] == "10x" and "filterbank-dense" in metrics
     # the report's names (LTM10, F(0), nIPD ...), not the code's (ltm, f0, nipd_in_domain)
-    assert set(metrics["filterbank-dense"]) <= {"CRoMa median", "F(0)", "LTM10", "RI", "MaRI", "k-NN BAcc biology",
-                                                "k-NN BAcc confounder", "nIPD in domain", "nIPD held out"}
+    assert set(metrics["filterbank-dense"]) <= {"CRoMa median", "F(0)", "LTM10", "LTM10 n_tail", "RI", "MaRI",
+                                                "k-NN BAcc biology", "k-NN BAcc confounder", "nIPD in domain",
+                                                "nIPD held out"}
+    # beside LTM, how many margins it averages: every one at or below its quantile, ties included
+    on_disk = pd.read_csv(reports / "summary.csv")
+    margins = pd.read_parquet(reports / "margins.parquet")
+    assert list(on_disk.columns).index("n_tail") == list(on_disk.columns).index("ltm") + 1
+    for row in on_disk.itertuples():
+        mine = margins[(margins["readout"] == row.readout) & (margins["scope"] == row.scope)
+                       & (margins["unit"] == row.unit)]["margin"]
+        assert row.n_tail == int((mine <= row.q_alpha).sum()) >= 1
     assert "nIPD in domain" in metrics["filterbank-dense"]
 
 

@@ -25,20 +25,24 @@ from cellpath.io.layout import DEFAULT_REPORTS_DIR
 from cellpath.planning.build import build_plan, placement_share
 from cellpath.planning.render import render
 from cellpath.runtime.costs import COSTS_PATH
+from cellpath.vocabulary import PLACEMENT_ANCHORS
 
 
 def run(params: Params, data_dir: Path, *, preset: str = "current", costs_path: Path = COSTS_PATH,
         worker_cores: int | None = None, worker_memory_gb: float | None = None, deadline_days: float = 7.0,
         as_json: bool = False, models: list[str] | None = None, node_gpus: int = 8,
-        reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None) -> str:
+        reports_dir: Path = DEFAULT_REPORTS_DIR, pilot: Path | None = None,
+        anchors: list[str] | None = None) -> str:
     """The plan as a text table, or as JSON (``as_json``); workers default to this machine's size.
     ``models`` (registry slugs): only those encoders' share of the configuration; ``node_gpus``: the
     GPUs of the node whose days the plan prints; ``pilot``: a probe run table on real features to
     take the probe's iterations from (else the project's own when ``source: 10x``, else the cost
-    model's, measured on problems shaped like real features)."""
+    model's, measured on problems shaped like real features); ``anchors``: with the placement preset,
+    the paper's models run beside ``models`` (default: ``PLACEMENT_ANCHORS``; empty: none)."""
     options = {"costs_path": costs_path, "worker_cores": worker_cores, "worker_memory_gb": worker_memory_gb,
                "deadline_days": deadline_days, "node_gpus": node_gpus, "reports_dir": reports_dir, "pilot": pilot}
-    plan = build_plan(params, data_dir, preset=preset, models=models, **options)
+    anchors = PLACEMENT_ANCHORS if anchors is None else tuple(anchors)
+    plan = build_plan(params, data_dir, preset=preset, models=models, anchors=anchors, **options)
     if preset == "placement":
-        plan["placement"] = placement_share(plan, params, data_dir, **options)
+        plan["placement"] = placement_share(plan, params, data_dir, anchors=anchors, **options)
     return json.dumps(plan, indent=2) if as_json else render(plan)

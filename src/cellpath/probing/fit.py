@@ -11,7 +11,8 @@ The choice of C (``scores.select_c``): each C's validation Macro-F1 is computed 
 number from its integer confusion counts; of the Cs whose Macro-F1 equals the maximum exactly, the
 smallest is chosen (the strongest regularisation; the grid must be strictly ascending), and how many
 reach the maximum is recorded (``ProbeResult.tied_cs``). No float comparison decides a tie, so the
-same validation predictions choose the same C on any CPU.
+same validation predictions choose the same C on any CPU. Every C's exact Macro-F1 — the very
+fractions the rule compared — is kept (``ProbeResult.val_scores``), so the choice can be checked.
 
 Each objective is scikit-learn's scaled by 1/n: mean cross-entropy + ||W||² / (2·C·n) (intercept
 unpenalised; doubled for two classes, ``engine.binary_factor``), so ``C`` means what it means in
@@ -38,6 +39,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import psutil
@@ -45,7 +47,7 @@ import torch
 
 from cellpath.probing.engine import (BUILD_ROWS, Design, GroupProblem, RowSource, binary_factor, chunks, design_block,
                                      fit_group)
-from cellpath.probing.scores import check_c_grid, macro_scores, select_c
+from cellpath.probing.scores import check_c_grid, choose_c, macro_scores, validation_scores
 
 DEFAULT_C_GRID = (0.01, 0.1, 1.0, 10.0)
 DEFAULT_TOL = 1e-8        # largest |gradient entry| of the 1/n-scaled objective at a converged fit
@@ -99,6 +101,7 @@ class ProbeResult:
     fit_seconds: float
     test_pred: np.ndarray  # predicted label per test cell (a class index of the taxonomy)
     test_confidence: np.ndarray  # its probability under the chosen C (softmax over the task's classes)
+    val_scores: tuple[Fraction, ...]  # each C's exact validation Macro-F1, in grid order: what chose C
 
 
 def state_row_bytes(n_columns: int) -> int:
@@ -179,9 +182,10 @@ def fit_tasks(x: np.ndarray | RowSource, y: np.ndarray, n_classes: int, tasks: l
                 scored.append((_score_task(source, y, task, weights, scalers[t], c_grid),
                                int(fit.iterations[t].max()), bool(fit.converged[t].all())))
             share = (time.perf_counter() - started) / len(members)
-            for g, ((chosen, tied, val_f1, scores, pred, confidence), iterations, converged) in zip(group, scored):
+            for g, (selected, iterations, converged) in zip(group, scored):
+                chosen, tied, val_f1, scores, pred, confidence, per_c = selected
                 results[positions[g]] = ProbeResult(chosen, tied, *scores, val_f1, iterations, converged, share, pred,
-                                                    confidence)
+                                                    confidence, per_c)
     return results  # type: ignore[return-value]
 
 
@@ -228,15 +232,19 @@ def _class_probabilities(source: RowSource, rows: np.ndarray, scaler: tuple[np.n
 
 def _score_task(source: RowSource, y: np.ndarray, task: ProbeTask, weights: torch.Tensor,
                 scaler: tuple[np.ndarray, np.ndarray],
-                c_grid: tuple[float, ...]) -> tuple[float, int, float, tuple, np.ndarray, np.ndarray]:
-    """Select C on validation Macro-F1 (``select_c``) and score the test cells: (C, how many Cs tied,
-    its validation Macro-F1 as a float, the test scores, each test cell's predicted class index and
-    that class's probability)."""
+                c_grid: tuple[float, ...]) -> tuple[float, int, float, tuple, np.ndarray, np.ndarray,
+                                                    tuple[Fraction, ...]]:
+    """Select C on validation Macro-F1 (``scores.choose_c`` on each C's exact ``validation_scores``)
+    and score the test cells: (C, how many Cs tied, its validation Macro-F1 as a float, the test
+    scores, each test cell's predicted class index and that class's probability, every C's exact
+    validation Macro-F1 in grid order)."""
     with torch.no_grad():
         val_prob = _class_probabilities(source, task.val, scaler, weights, task.classes)
-        selection = select_c(y[task.val], [task.classes[p.argmax(axis=1)] for p in val_prob], task.classes, c_grid)
+        per_c = tuple(validation_scores(y[task.val], [task.classes[p.argmax(axis=1)] for p in val_prob],
+                                        task.classes))
+        selection = choose_c(per_c, c_grid)
         best = selection.position
         test_prob = _class_probabilities(source, task.test, scaler, weights[best:best + 1], task.classes)[0]
     scores = macro_scores(y[task.test], test_prob, task.classes)
     return (float(c_grid[best]), selection.tied, float(selection.macro_f1), scores,
-            task.classes[test_prob.argmax(axis=1)], test_prob.max(axis=1))
+            task.classes[test_prob.argmax(axis=1)], test_prob.max(axis=1), per_c)

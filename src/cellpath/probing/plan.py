@@ -22,6 +22,7 @@ from cellpath.errors import ConfigError
 from cellpath.probing.fit import ProbeTask, RowSource, fit_tasks
 from cellpath.probing.protocols import (IS_EXCLUSION_RULES, Split, gate_classes, make_splits, mocv_manifest,
                                        protocol_units)
+from cellpath.probing.scores import fraction_text
 from cellpath.vocabulary import CLS_READOUTS, PROTOCOLS, READOUTS
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def class_codes(labels: pd.Series) -> tuple[np.ndarray, list[str]]:
     return codes, names
 
 
-def _capped(train: np.ndarray, cap: int | None, split: Split) -> np.ndarray:
+def capped_training(train: np.ndarray, cap: int | None, split: Split) -> np.ndarray:
     """At most ``cap`` training cells, a seeded uniform subsample (the same for every model)."""
     if cap is None or len(train) <= cap:
         return train
@@ -89,7 +90,7 @@ def plan_runs(cells: pd.DataFrame, protocol: str, taxonomy: str, cfg: ProbeConfi
     min_test = getattr(cfg.min_test_cells, taxonomy)
     runs = []
     for split in splits:
-        train = _capped(split.train, cfg.max_train_cells, split)
+        train = capped_training(split.train, cfg.max_train_cells, split)
         gated = gate_classes(codes[train], codes[split.test], min_train, min_test)
         key = (split.protocol, split.unit, split.organ, split.seed, taxonomy)
         if len(gated) < 2:
@@ -110,18 +111,27 @@ ERROR_COLUMNS = ["taxonomy", "protocol", "unit", "seed", "section_id", "cell_id"
                  "confidence"]
 
 
+#: Columns of the per-C validation table (:func:`fit_condition`; ``probe/c_scores.parquet`` adds the model
+#: keys): one row per fitted run and C of the grid, in grid order. ``val_macro_f1_exact`` is the exact
+#: Macro-F1 the tie rule compared (``scores.choose_c``), as ``"p/q"`` (``fractions.Fraction`` reads it);
+#: ``val_macro_f1`` is that fraction rounded once to a float.
+C_SCORE_COLUMNS = ["taxonomy", "protocol", "unit", "seed", "c", "val_macro_f1", "val_macro_f1_exact"]
+
+
 def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[PlannedRun],
-                  cfg: ProbeConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  cfg: ProbeConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Fit every planned run of one taxonomy on one feature matrix or row source: one row per run
-    (skipped ones too), and per fitted IS run its ``cfg.is_errors`` most confidently misclassified
-    test cells (``ERROR_COLUMNS``; highest predicted-class probability first, ties in test order)."""
+    (skipped ones too); per fitted IS run its ``cfg.is_errors`` most confidently misclassified
+    test cells (``ERROR_COLUMNS``; highest predicted-class probability first, ties in test order);
+    and per fitted run every C of the grid with its validation Macro-F1 (``C_SCORE_COLUMNS``), from
+    which the run's ``chosen_c`` and ``c_tied`` follow."""
     taxonomy = runs[0].taxonomy
     codes, names = class_codes(cells[taxonomy])
     active = [run for run in runs if run.task is not None]
     results = fit_tasks(x, codes, len(names), [run.task for run in active], c_grid=tuple(cfg.c_grid),
                         max_iter=cfg.max_iter, tol=cfg.tol, device=cfg.device, batch_memory_mb=cfg.batch_memory_mb)
     by_run = {id(run): result for run, result in zip(active, results)}
-    rows, errors = [], []
+    rows, errors, c_scores = [], [], []
     for run in runs:
         row = run.row(names)
         result = by_run.get(id(run))
@@ -132,11 +142,23 @@ def fit_condition(x: np.ndarray | RowSource, cells: pd.DataFrame, runs: list[Pla
                     "fit_seconds": result.fit_seconds}
             if run.protocol == "is" and cfg.is_errors:
                 errors.append(confident_errors(cells, run, result, codes, names, cfg.is_errors))
+            c_scores.extend({"taxonomy": run.taxonomy, "protocol": run.protocol, "unit": run.unit, "seed": run.seed,
+                             "c": float(c), "val_macro_f1": float(score), "val_macro_f1_exact": fraction_text(score)}
+                            for c, score in zip(cfg.c_grid, result.val_scores, strict=True))
         rows.append(row)
     columns = [c for c in RUN_COLUMNS if c not in ("model", "magnification", "readout")]  # the caller's keys
     frame = pd.DataFrame(rows).reindex(columns=columns)  # every column, even when every run is skipped
     error_frame = (pd.concat(errors, ignore_index=True) if errors else pd.DataFrame()).reindex(columns=ERROR_COLUMNS)
-    return frame.astype({"c_tied": "Int64", "lbfgs_iterations": "Int64", "converged": "boolean"}), error_frame
+    c_frame = c_score_frame(c_scores)
+    return (frame.astype({"c_tied": "Int64", "lbfgs_iterations": "Int64", "converged": "boolean"}), error_frame,
+            c_frame)
+
+
+def c_score_frame(rows: list[dict]) -> pd.DataFrame:
+    """``C_SCORE_COLUMNS`` rows as a table with fixed dtypes (the same columns and types when empty)."""
+    return pd.DataFrame(rows).reindex(columns=C_SCORE_COLUMNS).astype(
+        {"taxonomy": object, "protocol": object, "unit": object, "seed": "int64", "c": "float64",
+         "val_macro_f1": "float64", "val_macro_f1_exact": object})
 
 
 def confident_errors(cells: pd.DataFrame, run: PlannedRun, result, codes: np.ndarray, names: list[str],

@@ -60,20 +60,41 @@ class CSelection(NamedTuple):
     macro_f1: Fraction
 
 
+def validation_scores(y_true: np.ndarray, predictions: Sequence[np.ndarray], classes: np.ndarray) -> list[Fraction]:
+    """Each C's exact validation Macro-F1 (:func:`exact_macro_f1` of ``predictions[i]`` over ``classes``):
+    the values :func:`choose_c` decides on, and that the probe stores per C (``probe/c_scores.parquet``)."""
+    return [exact_macro_f1(y_true, y_pred, classes) for y_pred in predictions]
+
+
+def choose_c(scores: Sequence[Fraction], c_grid: Sequence[float]) -> CSelection:
+    """The tie rule: of the Cs of ``c_grid`` (strictly ascending, :func:`check_c_grid`) whose exact
+    validation Macro-F1 ``scores[i]`` equals the maximum, the smallest (the strongest
+    regularisation), and how many reach it. Equality of rational numbers, never of floats."""
+    check_c_grid(c_grid)
+    if len(scores) != len(c_grid):
+        raise ValueError(f"{len(scores)} scores for a C grid of {len(c_grid)}")
+    best = max(scores)
+    tied = [i for i, score in enumerate(scores) if score == best]
+    return CSelection(tied[0], len(tied), best)
+
+
 def select_c(y_true: np.ndarray, predictions: Sequence[np.ndarray], classes: np.ndarray,
              c_grid: Sequence[float]) -> CSelection:
     """The C of ``c_grid`` (strictly ascending, :func:`check_c_grid`) whose validation predictions
     (``predictions[i]``: the predicted class of each cell of ``y_true`` under ``c_grid[i]``) score the
     highest :func:`exact_macro_f1` over ``classes``; among Cs whose exact Macro-F1 equals that
-    maximum, the smallest (the strongest regularisation). Ties are equality of rational numbers,
-    never of floats, so the choice does not depend on rounding or on the order of the cells."""
+    maximum, the smallest (the strongest regularisation): :func:`choose_c` on
+    :func:`validation_scores`. Ties are equality of rational numbers, never of floats, so the choice
+    does not depend on rounding or on the order of the cells."""
     check_c_grid(c_grid)
     if len(predictions) != len(c_grid):
         raise ValueError(f"{len(predictions)} prediction vectors for a C grid of {len(c_grid)}")
-    scores = [exact_macro_f1(y_true, y_pred, classes) for y_pred in predictions]
-    best = max(scores)
-    tied = [i for i, score in enumerate(scores) if score == best]
-    return CSelection(tied[0], len(tied), best)
+    return choose_c(validation_scores(y_true, predictions, classes), c_grid)
+
+
+def fraction_text(value: Fraction) -> str:
+    """An exact fraction as ``"p/q"`` (always both parts: ``"1/1"``, ``"0/1"``); ``Fraction(text)`` reads it back."""
+    return f"{value.numerator}/{value.denominator}"
 
 
 def binary_auroc(positive: np.ndarray, score: np.ndarray) -> float:

@@ -1,9 +1,10 @@
 """The probe stage's work as executor tasks: the plan at each magnification, one task per
 (encoder, magnification), and the task body that fits every planned run of it.
 
-A task's shard (``data/.work/probe/``) holds its run rows and IS confident errors; its key covers
-the panel, the plan, the probe parameters, the encoder, the feature files, the code and the thread
-counts, so a shard is reused only for exactly these inputs (docs/decisions/0010-executor.md).
+A task's shard (``data/.work/probe/``) holds its run rows, IS confident errors and per-C validation
+scores; its key covers the panel, the plan, the probe parameters, the encoder, the feature files, the
+code and the thread counts, so a shard is reused only for exactly these inputs
+(docs/decisions/0010-executor.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids
 from cellpath.features.readouts import readout_available
 from cellpath.features.store import artifact_dir
 from cellpath.io.layout import features_dir, shard_table
-from cellpath.probing.plan import ERROR_COLUMNS, RUN_COLUMNS, PlannedRun, fit_condition, plan_runs
+from cellpath.probing.plan import (C_SCORE_COLUMNS, ERROR_COLUMNS, RUN_COLUMNS, PlannedRun, c_score_frame,
+                                   fit_condition, plan_runs)
 from cellpath.probing.protocols import IS_EXCLUSION_RULES
 from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, thread_settings
@@ -30,8 +32,10 @@ log = logging.getLogger(__name__)
 
 #: ``probe/is_errors.parquet``'s columns: the model keys, then the run's and the cell's.
 ERROR_KEYS = ["model", "magnification", "readout", *ERROR_COLUMNS]
+#: ``probe/c_scores.parquet``'s columns: the model keys, then the run's, each C and its validation Macro-F1.
+C_SCORE_KEYS = ["model", "magnification", "readout", *C_SCORE_COLUMNS]
 #: The tables a probe task writes into its shard folder.
-RUNS_SHARD, ERRORS_SHARD = "runs", "is_errors"
+RUNS_SHARD, ERRORS_SHARD, C_SCORES_SHARD = "runs", "is_errors", "c_scores"
 
 
 def plan_magnification(params: Params, data_dir: Path, panel: PanelCells, encoders: list[EncoderSpec],
@@ -97,28 +101,39 @@ def probe_tasks(params: Params, data_dir: Path, panel: PanelCells, plans: dict[s
 def probe_shard(out: Path, context: Path, features: Path, spec: EncoderSpec, magnification: str,
                 cfg: ProbeConfig) -> None:
     """Task: fit every planned run of one encoder at one magnification; writes ``out/`` with its run
-    rows and IS confident errors. Features are read from the memory-mapped store as each fit needs
-    them (``probe.batch_memory_mb``)."""
+    rows, IS confident errors and per-C validation scores. Features are read from the memory-mapped
+    store as each fit needs them (``probe.batch_memory_mb``)."""
     panel, plans = read_context(context)
     base = PanelFeatures(features, spec.slug, magnification, panel)
-    frames, error_frames = [], []
+    frames, error_frames, c_frames = [], [], []
     for readout in cfg.readouts:
         if not readout_available(spec, readout):
             continue
         x = base.readout(readout)
         for taxonomy, runs in plans[magnification].items():
             started = time.perf_counter()
-            frame, errors = fit_condition(x, panel.cells, runs, cfg)
+            frame, errors, c_scores = fit_condition(x, panel.cells, runs, cfg)
             log.info("probe %s %s %s %s: %d runs fitted in %.1f s", spec.name, magnification, readout, taxonomy,
                      int((frame["status"] == "ok").sum()), time.perf_counter() - started)
             frames.append(frame.assign(model=spec.name, magnification=magnification, readout=readout)[RUN_COLUMNS])
             error_frames.append(errors.assign(model=spec.name, magnification=magnification, readout=readout))
+            keys = {"model": spec.name, "magnification": magnification, "readout": readout}
+            c_frames.append(c_scores.assign(**keys)[C_SCORE_KEYS])
     out.mkdir()
     pd.concat(frames, ignore_index=True).to_parquet(shard_table(out, RUNS_SHARD), index=False)
     errors = pd.concat(error_frames, ignore_index=True) if error_frames else pd.DataFrame()
     errors.reindex(columns=ERROR_KEYS).to_parquet(shard_table(out, ERRORS_SHARD), index=False)
+    c_scores = pd.concat(c_frames, ignore_index=True) if c_frames else empty_c_scores()
+    c_scores.to_parquet(shard_table(out, C_SCORES_SHARD), index=False)
 
 
-def read_shard(shard: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A finished probe task's run rows and IS confident errors."""
-    return pd.read_parquet(shard_table(shard, RUNS_SHARD)), pd.read_parquet(shard_table(shard, ERRORS_SHARD))
+def empty_c_scores() -> pd.DataFrame:
+    """An empty ``probe/c_scores.parquet`` table: its columns (``C_SCORE_KEYS``) and their types."""
+    keys = {key: pd.Series(dtype=object) for key in ("model", "magnification", "readout")}
+    return c_score_frame([]).assign(**keys)[C_SCORE_KEYS]
+
+
+def read_shard(shard: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A finished probe task's run rows, IS confident errors and per-C validation scores."""
+    return (pd.read_parquet(shard_table(shard, RUNS_SHARD)), pd.read_parquet(shard_table(shard, ERRORS_SHARD)),
+            pd.read_parquet(shard_table(shard, C_SCORES_SHARD)))

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cellpath.vocabulary import (HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS,
-                                 PAPER_MOCV_FOLDS, PAPER_PANEL, PAPER_PANEL_SIZES, PAPER_SEEDS)
+from cellpath.published.ranking import UnitCorrelation, fit_unit_correlation
+from cellpath.vocabulary import (CROSS_DOMAIN_PROTOCOLS, HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_MIN_TEST_CELLS,
+                                 PAPER_MIN_TRAIN_CELLS, PAPER_MOCV_FOLDS, PAPER_PANEL, PAPER_PANEL_SIZES, PAPER_SEEDS,
+                                 PAPER_WILCOXON_UNITS, PROTOCOL_LABELS, PROTOCOLS)
 
 Z_95 = 1.959964  # two-sided 95 % normal quantile
-RANK_LEVEL = 0.95  # the rank interval's coverage
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,54 @@ def comparability(run: RunConfiguration) -> list[str]:
     return reasons
 
 
+#: The main-text table whose SD is across the IS condition's balanced units (11 organs; Table 4's
+#: legend). The supplement's IS tables give the same means with the SD across the 25 sections.
+IS_ORGAN_SD_TABLE = 4
+
+
 def published_condition(published: pd.DataFrame, *, protocol: str, magnification: str, readout: str,
                         taxonomy: str, metric: str = "macro_f1", panel: str = PAPER_PANEL) -> pd.DataFrame:
-    """The paper's value of every model in one condition (model, mean, sd, table): from the
-    supplement's complete table where there is one, else from Table 4 / 5."""
+    """The paper's value of every model in one condition: ``model, mean, sd, table, wins, sd_across``.
+
+    The SD is the one across the protocol's balanced units wherever the paper prints it: for IS,
+    Table 4 (SD across organs) where it has the condition, else the supplement's table, whose SD is
+    across sections (``sd_across``: "sections"); for IOCD, MOCV and LOOO the supplement's table, equal
+    to Table 5, SD across organs or folds ("balanced units"). ``wins``: the table's win counts where
+    they are of this condition's metric on Nuc (the cross-domain tables); NaN for IS, whose counts are
+    of CRA."""
+    columns = ["model", "mean", "sd", "table", "wins", "sd_across"]
     rows = published[(published["protocol"] == protocol) & (published["magnification"] == magnification)
                      & (published["readout"] == readout) & (published["taxonomy"] == taxonomy)
                      & (published["metric"] == metric) & (published["panel"] == panel)]
     if rows.empty:
-        return pd.DataFrame(columns=["model", "mean", "sd", "table"])
-    table = int(rows["table"].max())  # the supplement's complete tables come after Tables 4 and 5
-    chosen = rows[rows["table"] == table]
-    return chosen[["model", "mean", "sd", "table"]].astype({"mean": float, "sd": float}).reset_index(drop=True)
+        return pd.DataFrame(columns=columns)
+    organ_sd = rows[rows["table"] == IS_ORGAN_SD_TABLE] if protocol == "is" else rows.iloc[:0]
+    table = IS_ORGAN_SD_TABLE if len(organ_sd) else int(rows["table"].max())  # the supplement's come last
+    chosen = rows[rows["table"] == table].astype({"mean": float, "sd": float})
+    wins = chosen["wins"].astype(float) if protocol != "is" and readout == "Nuc" else np.nan
+    across = "sections" if protocol == "is" and table != IS_ORGAN_SD_TABLE else "balanced units"
+    return chosen.assign(wins=wins, sd_across=across)[columns].reset_index(drop=True)
+
+
+def unit_correlations(published: pd.DataFrame, *, magnification: str, readout: str = HEADLINE_READOUT,
+                      taxonomy: str = HEADLINE_TAXONOMY, metric: str = "macro_f1") -> dict[str, UnitCorrelation]:
+    """Per protocol, the shared-unit correlation of the paper's models in one condition: fitted to
+    the cross-domain tables' win counts (over the paper's unit × seed pairs), and for IS, whose
+    tables count wins in CRA only, the median of the cross-domain fits (docs/decisions/0046)."""
+    found: dict[str, UnitCorrelation] = {}
+    for protocol in CROSS_DOMAIN_PROTOCOLS:
+        paper = published_condition(published, protocol=protocol, magnification=magnification, readout=readout,
+                                    taxonomy=taxonomy, metric=metric)
+        if len(paper) and paper["wins"].notna().all():
+            pairs = PAPER_WILCOXON_UNITS[protocol] * PAPER_SEEDS[protocol]
+            found[protocol] = fit_unit_correlation(paper["mean"], paper["sd"], paper["wins"], pairs,
+                                                   f"fitted to Table {int(paper['table'].iloc[0])}'s wins")
+    if found:
+        borrowed = float(np.median([c.rho for c in found.values()]))
+        for protocol in [p for p in PROTOCOLS if p not in found]:
+            found[protocol] = UnitCorrelation(borrowed, "median of the " + ", ".join(
+                PROTOCOL_LABELS[p] for p in found if p in CROSS_DOMAIN_PROTOCOLS) + " fits (no wins of this metric)")
+    return found
 
 
 def condition_means(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str], *, protocols: list[str],
@@ -146,38 +183,15 @@ def placement(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]
                      reasons)
 
 
-def rank_interval(paper: pd.DataFrame, replicates: np.ndarray, n_units: int, rng: np.random.Generator,
-                  level: float = RANK_LEVEL) -> dict:
-    """A placed model's rank among the paper's models in one condition, with its ``level`` interval and
-    the paper's models it cannot be told apart from.
-
-    ``paper``: the condition's published rows (model, mean, sd; pp, :func:`published_condition`);
-    ``replicates``: bootstrap replicates of the placed model's balanced mean (pp; the report's
-    hierarchical bootstrap over its units and seeds); ``n_units``: the balanced units each published
-    mean averages (the placed run's, which is the paper's when the run is comparable). Each draw pairs
-    one replicate with a draw of every published mean from Normal(mean, SD / √n) — the sampling
-    distribution of a mean over n units whose SD the paper reports, drawn independently per model
-    (docs/decisions/0046) — and counts the published means above it. The interval is the draws'
-    equal-tailed quantiles of that rank; a published model is *not separable* when the share of draws
-    in which it is above the placed model lies within the interval's tails (both orders plausible)."""
-    means = paper["mean"].to_numpy(float)
-    errors = np.nan_to_num(paper["sd"].to_numpy(float)) / np.sqrt(max(n_units, 1))
-    draws = means + errors * rng.standard_normal((len(replicates), len(means)))
-    above = draws > np.asarray(replicates, float)[:, None]
-    ranks = 1 + above.sum(axis=1)
-    tail = (1.0 - level) / 2.0
-    share = above.mean(axis=0)
-    return {"low": int(np.quantile(ranks, tail, method="lower")),
-            "high": int(np.quantile(ranks, 1.0 - tail, method="higher")),
-            "not_separable": [str(m) for m, q in zip(paper["model"], share) if tail <= q <= 1.0 - tail]}
-
-
-def reproduction(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
+def reproduction(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, str],
+                 is_sections: int | None = None) -> pd.DataFrame:
     """Ours − published for every (model, condition) both have, in pp. ``ours``: the protocol summary
     (fractions, with ``n_units``); ``names``: slug → the paper's model name (models the paper did not
-    test are left out). The tolerance is what the paper's SD implies for a mean over the same number
-    of balanced units: ±1.96 · SD / √n (a 95 % band for the mean; n = this run's ``n_units``, the
-    paper's when the run is the paper's configuration); ``outside`` flags a difference beyond it."""
+    test are left out). The tolerance is what the paper's SD implies for a mean over the units that
+    SD is across: ±1.96 · SD / √n (a 95 % band for the mean), n this run's balanced units
+    (``n_units``, the paper's when the run is the paper's configuration), or ``is_sections`` (the
+    run's IS sections) for an IS condition only the supplement prints, with its SD across sections;
+    ``outside`` flags a difference beyond it."""
     keys = ["protocol", "magnification", "readout", "taxonomy", "metric"]
     mine = ours.assign(model=ours["model"].map(names)).dropna(subset=["model"])
     rows = []
@@ -188,13 +202,15 @@ def reproduction(published: pd.DataFrame, ours: pd.DataFrame, names: dict[str, s
             if row.model not in paper.index:
                 continue
             ref = paper.loc[row.model]
+            n = (is_sections or np.nan) if ref["sd_across"] == "sections" else float(row.n_units)
             ours_pp = 100.0 * float(row.mean)
-            tolerance = Z_95 * float(ref["sd"]) / np.sqrt(float(row.n_units)) if np.isfinite(ref["sd"]) else np.nan
+            tolerance = Z_95 * float(ref["sd"]) / np.sqrt(n) if np.isfinite(ref["sd"]) and np.isfinite(n) else np.nan
             diff = ours_pp - float(ref["mean"])
             rows.append(condition | {"model": row.model, "table": int(ref["table"]), "published": float(ref["mean"]),
-                                     "published_sd": float(ref["sd"]), "ours": ours_pp, "difference": diff,
-                                     "tolerance": tolerance, "n_units": int(row.n_units),
+                                     "published_sd": float(ref["sd"]), "sd_across": ref["sd_across"], "ours": ours_pp,
+                                     "difference": diff, "tolerance": tolerance,
+                                     "n_units": int(n) if np.isfinite(n) else pd.NA,
                                      "outside": bool(np.isfinite(tolerance) and abs(diff) > tolerance)})
-    columns = ["model", *keys, "table", "published", "published_sd", "ours", "difference", "tolerance", "n_units",
-               "outside"]
+    columns = ["model", *keys, "table", "published", "published_sd", "sd_across", "ours", "difference", "tolerance",
+               "n_units", "outside"]
     return pd.DataFrame(rows, columns=columns)

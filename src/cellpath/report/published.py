@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cellpath.probing.stats import condition_rng, condition_replicates
-from cellpath.published.reference import (RANK_LEVEL, Placement, placement, published_condition, rank_interval,
-                                          reproduction)
+from cellpath.probing.stats import condition_rng, organ_level_scores
+from cellpath.published.ranking import RANK_LEVEL, paired_rank_interval
+from cellpath.published.reference import (Placement, placement, published_condition, reproduction,
+                                          unit_correlations)
 from cellpath.report.inputs import ReportInputs, protocols_run
 from cellpath.report.render import Table, display_table
 from cellpath.vocabulary import (HEADLINE_READOUT, HEADLINE_TAXONOMY, PAPER_PANEL, PROTOCOL_LABELS, PROTOCOLS,
@@ -44,15 +45,18 @@ def placement_metrics(built: dict[str, tuple[Table, pd.DataFrame]], slugs: dict[
     """The headline placement for ``dvc metrics`` and MLflow, read from :func:`published_tables`'
     frames: ``comparable``, ``not_comparable`` (the reasons; empty when comparable) and per model of
     this run (registry slug; ``slugs``: display name → slug) and protocol it ran (IS, IOCD, MOCV,
-    LOOO) its ``mean`` (pp, 2 decimals) and, for a comparable run, its ``rank`` with the 95 %
-    interval's ``rank_low`` and ``rank_high``."""
+    LOOO) its ``mean`` (pp, 2 decimals) and, for a comparable run where it was placed, its
+    ``placed_mean`` (on the paper's scale, through the anchors), its ``rank`` with the 95 % interval's
+    ``rank_low`` and ``rank_high``."""
     out: dict = {"condition": f"{CONDITION}, {PAPER_PANEL}", "comparable": not reasons,
                  "not_comparable": list(reasons)}
     if "published_rank_intervals" in built:
         for name, row in built["published_rank_intervals"][1].iterrows():
-            out.setdefault(slugs[name], {})[row["protocol"]] = {
-                "mean": round(float(row["mean"]), 2), "rank": int(row["rank"]), "rank_low": int(row["rank_low"]),
-                "rank_high": int(row["rank_high"])}
+            entry = {"mean": round(float(row["mean"]), 2)}
+            if row["placed"]:
+                entry |= {"placed_mean": round(float(row["placed_mean"]), 2), "rank": int(row["rank"]),
+                          "rank_low": int(row["rank_low"]), "rank_high": int(row["rank_high"])}
+            out.setdefault(slugs[name], {})[row["protocol"]] = entry
     elif "published_this_run" in built:
         labels = [PROTOCOL_LABELS[p] for p in PROTOCOLS]
         for name, row in built["published_this_run"][1].iterrows():
@@ -104,31 +108,86 @@ def _placement_table(placed: Placement, protocols: list[str], ran: list[str], he
 
 def _rank_table(inputs: ReportInputs, names: dict[str, str], placed: Placement, ran: list[str],
                 headline: str) -> tuple[Table, pd.DataFrame]:
-    """Per model of this run and protocol it ran: its rank among the paper's models, the rank's 95 %
-    interval (:func:`rank_interval`) and the paper's models it cannot be told apart from."""
-    summary = inputs.probe["summary"]
-    ours = summary[(summary["magnification"] == headline) & (summary["readout"] == HEADLINE_READOUT)
-                   & (summary["taxonomy"] == HEADLINE_TAXONOMY) & (summary.get("metric", "macro_f1") == "macro_f1")]
-    ranks = placed.ranked[placed.ranked["source"] == "this run"].set_index("model")
+    """Per model of this run and protocol it ran: its rank among the paper's models on the paper's
+    scale (through the anchors: the paper's models this run also ran), the rank's 95 % interval
+    (:func:`paired_rank_interval`) and the paper's models it cannot be told apart from; no rank where
+    an anchor does not reproduce its published mean within the tolerance of the reproduction check."""
+    balanced = organ_level_scores(inputs.runs, "macro_f1")
+    balanced = balanced[(balanced["magnification"] == headline) & (balanced["readout"] == HEADLINE_READOUT)
+                        & (balanced["taxonomy"] == HEADLINE_TAXONOMY)]
+    correlations = unit_correlations(inputs.published, magnification=headline)
+    paper_models = set(inputs.published["model"])
+    anchor_slugs = [slug for slug, name in names.items() if name in paper_models]
+    checked = _headline_reproduction(inputs, {slug: names[slug] for slug in anchor_slugs})
     rows = []
-    for row in ours[ours["protocol"].isin(ran) & ours["model"].isin(names)].itertuples():
-        key = (row.model, headline, HEADLINE_READOUT, HEADLINE_TAXONOMY, row.protocol)
-        paper = published_condition(inputs.published, protocol=row.protocol, magnification=headline,
+    for (slug, protocol), scores in balanced.groupby(["model", "protocol"], sort=True):
+        if protocol not in ran or slug not in names:
+            continue
+        placed_units = 100.0 * scores.set_index("balanced_unit")["score"]
+        anchors = {names[anchor]: _unit_scores(balanced, anchor, protocol) for anchor in anchor_slugs if anchor != slug}
+        common = placed_units.index  # the balanced units every one of them was scored on
+        for theirs in anchors.values():
+            common = common.intersection(theirs.index, sort=False)
+        paper = published_condition(inputs.published, protocol=protocol, magnification=headline,
                                     readout=HEADLINE_READOUT, taxonomy=HEADLINE_TAXONOMY)
-        replicates = 100.0 * condition_replicates(inputs.runs, "macro_f1", key)
-        found = rank_interval(paper, replicates, int(row.n_units), condition_rng("rank", *key))
-        rows.append({"model": names[row.model], "protocol": PROTOCOL_LABELS[row.protocol],
-                     "mean": 100.0 * float(row.mean), "rank": int(ranks.at[names[row.model], f"{row.protocol} rank"]),
-                     "rank_low": found["low"], "rank_high": found["high"],
-                     "not_separable": ", ".join(found["not_separable"]) or "none"})
-    frame = pd.DataFrame(rows, columns=["model", "protocol", "mean", "rank", "rank_low", "rank_high", "not_separable"])
+        paper = paper[paper["model"] != names[slug]]
+        correlation = correlations[protocol]
+        shifts = checked[checked["protocol"] == protocol].set_index("model")
+        row = {"model": names[slug], "protocol": PROTOCOL_LABELS[protocol], "mean": float(placed_units.mean()),
+               "anchors": ", ".join(anchors) or "none",
+               "anchor_shift": ", ".join(f"{a} {shifts.at[a, 'difference']:+.2f}" for a in anchors if a in shifts.index)
+               or "–", "rho": correlation.rho, "rho_source": correlation.source}
+        outside = [a for a in anchors if a in shifts.index and bool(shifts.at[a, "outside"])]
+        if outside or len(common) < 2:
+            rows.append(row | {"placed": False, "why": _why_not_ranked(outside, shifts, len(common))})
+            continue
+        found = paired_rank_interval(paper, placed_units.loc[common].to_numpy(),
+                                     {a: v.loc[common].to_numpy() for a, v in anchors.items()}, correlation.rho,
+                                     condition_rng("rank", slug, headline, HEADLINE_READOUT, HEADLINE_TAXONOMY, protocol))
+        rows.append(row | {"placed": True, "why": "" if anchors else "no anchor: this run's own mean, uncalibrated",
+                           "placed_mean": found.mean, "rank": found.rank, "rank_low": found.low,
+                           "rank_high": found.high, "loading": found.loading, "n_units": found.n_units,
+                           "not_separable": ", ".join(found.not_separable) or "none"})
+    columns = ["model", "protocol", "mean", "placed_mean", "rank", "rank_low", "rank_high", "not_separable", "anchors",
+               "anchor_shift", "rho", "rho_source", "loading", "n_units", "placed", "why"]
+    frame = pd.DataFrame(rows, columns=columns).astype({"rank": "Int64", "rank_low": "Int64", "rank_high": "Int64",
+                                                        "n_units": "Int64"})
     return display_table("published_rank_intervals", f"Rank with its {RANK_LEVEL:.0%} interval — {CONDITION}, {headline}",
-                         "Per model of this run and protocol it ran: its rank among the paper's 30 (1 = best), the "
-                         f"{RANK_LEVEL:.0%} interval of that rank and the paper's models not separable from it. Each "
-                         "draw pairs a bootstrap replicate of this run's mean (over its units and seeds) with every "
-                         "published mean drawn from Normal(mean, SD/√n), n the protocol's units; not separable: "
-                         "above this run in 2.5–97.5 % of the draws (docs/decisions/0046).",
-                         frame.set_index("model"), percent_pairs=False, percent_columns=())
+                         "Per model of this run and protocol it ran: its mean on the paper's scale (an anchor's "
+                         "published mean plus this run's paired difference with it, averaged over the anchors: the "
+                         "paper's models this run also ran), its rank among the paper's models (1 = best), the "
+                         f"{RANK_LEVEL:.0%} interval of that rank and the paper's models not separable from it. The "
+                         "draws share one unit effect across models (correlation rho, fitted to the paper's "
+                         "significant wins; the model's own loading from its correlation with the anchors) and a t "
+                         "over the units; not separable: above it in 2.5–97.5 % of the draws. Not placed where an "
+                         "anchor misses its published mean by more than the reproduction tolerance "
+                         "(docs/decisions/0046).", frame.set_index("model"), percent_pairs=False, percent_columns=())
+
+
+def _unit_scores(balanced: pd.DataFrame, slug: str, protocol: str) -> pd.Series:
+    """One model's Macro-F1 (%) per balanced unit of one protocol, indexed by the unit."""
+    theirs = balanced[(balanced["model"] == slug) & (balanced["protocol"] == protocol)]
+    return 100.0 * theirs.set_index("balanced_unit")["score"]
+
+
+def _why_not_ranked(outside: list[str], shifts: pd.DataFrame, n_common: int) -> str:
+    """Why a model is not ranked: the anchors outside the reproduction tolerance, or too few shared units."""
+    if outside:
+        return "outside the reproduction tolerance: " + ", ".join(
+            f"{a} {shifts.at[a, 'difference']:+.2f} pp (±{shifts.at[a, 'tolerance']:.2f})" for a in outside)
+    return f"{n_common} balanced unit(s) scored for it and every anchor; a rank needs 2"
+
+
+def _headline_reproduction(inputs: ReportInputs, anchors: dict[str, str]) -> pd.DataFrame:
+    """The reproduction check of the anchors (slug → paper name) in the headline condition."""
+    return reproduction(inputs.published, inputs.probe["summary"], anchors, _is_sections(inputs.runs)) \
+        if anchors else pd.DataFrame(columns=["model", "protocol", "difference", "tolerance", "outside"])
+
+
+def _is_sections(runs: pd.DataFrame) -> int | None:
+    """The run's IS sections (the n of the supplement's IS SDs, which are across sections)."""
+    units = runs.loc[runs["protocol"] == "is", "unit"]
+    return int(units.nunique()) if len(units) else None
 
 
 def _beside_table(placed: Placement, protocols: list[str], headline: str) -> tuple[Table, pd.DataFrame]:
@@ -146,7 +205,7 @@ def _reproduction_table(inputs: ReportInputs, names: dict[str, str],
     """Ours − published per model and condition, for a comparable run with models the paper tested."""
     published_models = set(inputs.published["model"])
     ours_published = {slug: name for slug, name in names.items() if name in published_models}
-    checked = reproduction(inputs.published, inputs.probe["summary"], ours_published) \
+    checked = reproduction(inputs.published, inputs.probe["summary"], ours_published, _is_sections(inputs.runs)) \
         if not reasons and ours_published else pd.DataFrame(columns=["model"])
     table = display_table("published_reproduction", "Reproduction check — ours − published",
                           "Per model and condition both have: the paper's mean, ours, the difference (pp) and the "

@@ -24,13 +24,14 @@ from cellpath.robustness.metrics import croma_margins, fraction_non_positive, lo
 from cellpath.robustness.neighbours import DEFAULT_CANDIDATE_ROWS, DEFAULT_CHUNK_SIZE, RowSource, typed_neighbours
 from cellpath.robustness.validation import check_at_least_one, check_typed_support, encode_labels, feature_rows
 
-SWEEP_COLUMNS = ["parameter", "value", "croma_median", "f0", "ltm", "n_undefined"]
+#: One sweep row: ``n_tail`` is how many margins LTM averages (those at or below its quantile).
+SWEEP_COLUMNS = ["parameter", "value", "croma_median", "f0", "ltm", "n_tail", "n_undefined"]
 
 
 def margin_sweep(features: ArrayLike | RowSource, biology: ArrayLike, confounder: ArrayLike, group: ArrayLike,
                  m_values: Sequence[int], alpha: float = 0.10, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  anchors: np.ndarray | None = None, candidate_rows: int = DEFAULT_CANDIDATE_ROWS) -> pd.DataFrame:
-    """Median CRoMa_m, F(0) and LTM_alpha at each m of ``m_values`` (rows in the order given),
+    """Median CRoMa_m, F(0) and LTM_alpha (with its ``n_tail``) at each m of ``m_values`` (rows in the order given),
     over every sample or over ``anchors`` (row positions, searched against every candidate).
 
     A sample without m neighbours of a type is undefined at that m (counted in ``n_undefined``);
@@ -47,19 +48,22 @@ def margin_sweep(features: ArrayLike | RowSource, biology: ArrayLike, confounder
     rows = []
     for m in m_values:
         margins = croma_margins(typed.so[:, :m], typed.os[:, :m])
+        tail = lower_tail(margins.values, alpha)
         rows.append({"parameter": "m", "value": float(m), "croma_median": median_margin(margins.values),
-                     "f0": fraction_non_positive(margins.values), "ltm": lower_tail(margins.values, alpha).ltm,
+                     "f0": fraction_non_positive(margins.values), "ltm": tail.ltm, "n_tail": tail.n_tail,
                      "n_undefined": margins.n_undefined})
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
 
 
 def tail_sweep(margins: ArrayLike, alphas: Sequence[float]) -> pd.DataFrame:
-    """LTM at each α of ``alphas`` from one set of per-sample margins (NaN = undefined, counted)."""
+    """LTM (with its ``n_tail``) at each α of ``alphas`` from one set of per-sample margins (NaN =
+    undefined, counted)."""
     values = np.asarray(margins, dtype=float)
     n_undefined = int(np.sum(~np.isfinite(values)))
     median, f0 = median_margin(values), fraction_non_positive(values)
-    return pd.DataFrame([{"parameter": "alpha", "value": float(alpha), "croma_median": median, "f0": f0,
-                          "ltm": lower_tail(values, alpha).ltm, "n_undefined": n_undefined} for alpha in alphas],
+    tails = [lower_tail(values, alpha) for alpha in alphas]
+    return pd.DataFrame([{"parameter": "alpha", "value": float(tail.alpha), "croma_median": median, "f0": f0,
+                          "ltm": tail.ltm, "n_tail": tail.n_tail, "n_undefined": n_undefined} for tail in tails],
                         columns=SWEEP_COLUMNS)
 
 

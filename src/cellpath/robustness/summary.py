@@ -19,6 +19,8 @@ SETTING_KEYS = ("model", *CONDITION_KEYS, "confounder", "m", "k", "alpha")
 #: ``robustness_metrics.json`` keys: the report's names for the summary columns.
 METRIC_LABELS = {"croma_median": "CRoMa median", "f0": "F(0)", "ltm": "LTM10", "ri": "RI", "mari": "MaRI",
                  "bio_bacc": "k-NN BAcc biology", "conf_bacc": "k-NN BAcc confounder"}
+#: ``robustness_metrics.json``'s key for how many margins LTM averages (ties at its quantile included).
+N_TAIL_LABEL = "LTM10 n_tail"
 #: The shortcut probe's tables when it is switched off (``robustness.shortcut.enabled: false``).
 SHORTCUT_CURVE_COLUMNS = ["model", "setting", "cramers_v", "balanced_accuracy_mean", "balanced_accuracy_sd"]
 SHORTCUT_SUMMARY_COLUMNS = ["model", "setting", "readout", "taxonomy", "magnification", "confounder", "n_runs", "apd",
@@ -54,13 +56,19 @@ def robustness_metrics(summary: pd.DataFrame, shortcut: pd.DataFrame, magnificat
     """``robustness_metrics.json`` for ``dvc metrics show``: per model, panel-scope Tfine Nuc
     summaries at the headline magnification and the shortcut probe's nIPD, under the report's names
     (``CRoMa median``, ``F(0)``, ``LTM10``, ``RI``, ``MaRI``, ``nIPD held out``, …), as fractions
-    like the report's robustness table, 4 decimals."""
+    like the report's robustness table, 4 decimals; beside LTM10 the count of margins it averages
+    (``LTM10 n_tail``: every margin at or below the 10 % quantile, so more than 10 % with ties)."""
     chosen = summary[(summary["scope"] == "panel") & (summary["magnification"] == magnification)
                      & (summary["readout"] == HEADLINE_READOUT) & (summary["taxonomy"] == HEADLINE_TAXONOMY)]
     metrics: dict = {"magnification": magnification}
     for row in chosen.itertuples():
-        metrics[row.model] = {METRIC_LABELS[key]: round(float(getattr(row, key)), 4) for key in SUMMARY_KEYS
-                              if np.isfinite(getattr(row, key))}
+        values: dict = {}
+        for key in SUMMARY_KEYS:
+            if np.isfinite(getattr(row, key)):
+                values[METRIC_LABELS[key]] = round(float(getattr(row, key)), 4)
+            if key == "ltm":
+                values[N_TAIL_LABEL] = int(row.n_tail)
+        metrics[row.model] = values
     for row in shortcut.itertuples() if len(shortcut) else []:
         if np.isfinite(row.nipd):
             metrics.setdefault(row.model, {})[f"nIPD {row.setting.replace('_', ' ')}"] = round(float(row.nipd), 4)

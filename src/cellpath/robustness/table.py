@@ -43,7 +43,9 @@ class RobustnessScores:
 
     ``margins``: CRoMa_m per sample, NaN where undefined (``defined`` False); ``n_unresolved``
     samples lack m SO or m OS neighbours, ``n_zero_distance`` have ``d_OS + d_SO = 0``.
-    ``median``, ``f0``, ``ltm`` (with ``q_alpha``) summarise the defined margins.
+    ``median``, ``f0``, ``ltm`` summarise the defined margins: LTM is the mean of the ``n_tail`` margins
+    at or below ``q_alpha``, their alpha-quantile, so ties at the quantile can make the tail hold more
+    than alpha of them.
     ``ri``/``mari`` are pooled at ``k``, ``support`` the share of anchors with an SO/OS neighbour in
     their top k, ``ri_samples``/``mari_samples`` the per-anchor shares (NaN outside support), ``tau``
     MaRI's temperature. ``bio_bacc``/``conf_bacc``: k-NN balanced accuracy at ``k`` for the biology
@@ -68,6 +70,7 @@ class RobustnessScores:
     median: float
     f0: float
     ltm: float
+    n_tail: int
     q_alpha: float
     ri: float
     mari: float
@@ -98,7 +101,7 @@ class RobustnessScores:
             "n_samples": int(len(self.margins)), "n_undefined": self.n_undefined,
             "n_unresolved": self.n_unresolved, "n_zero_distance": self.n_zero_distance,
             "m": self.m, "k": self.k, "alpha": self.alpha, "croma_median": self.median, "f0": self.f0,
-            "ltm": self.ltm, "q_alpha": self.q_alpha, "ri": self.ri, "mari": self.mari,
+            "ltm": self.ltm, "n_tail": self.n_tail, "q_alpha": self.q_alpha, "ri": self.ri, "mari": self.mari,
             "support": self.support, "tau": self.tau, "bio_bacc": self.bio_bacc, "conf_bacc": self.conf_bacc,
         }
 
@@ -177,7 +180,7 @@ def score_embeddings(
         m=m, alpha=alpha, margins=margins.values, defined=margins.defined,
         n_unresolved=margins.n_unresolved, n_zero_distance=margins.n_zero_distance,
         median=median_margin(margins.values), f0=fraction_non_positive(margins.values),
-        ltm=tail.ltm, q_alpha=tail.q_alpha, anchors=rows,
+        ltm=tail.ltm, n_tail=tail.n_tail, q_alpha=tail.q_alpha, anchors=rows,
         nearest_so=typed.so_index[:, 0], nearest_os=typed.os_index[:, 0], nearest_so_distance=typed.so[:, 0],
         nearest_os_distance=typed.os[:, 0], mean_so_distance=margins.d_so, mean_os_distance=margins.d_os,
         **_neighbourhood_scores(nearest, labels, k_values, k is not None, tau, rows),

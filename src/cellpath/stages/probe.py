@@ -4,6 +4,9 @@ table, the paper's summaries, ``reports/metrics.json`` and the MLflow runs.
 Outputs (paths relative to the reports folder):
 
 - ``probe/runs.parquet``: one row per run (``probing.RUN_COLUMNS``), skipped runs included;
+- ``probe/c_scores.parquet``: per fitted run, every C of the grid with its validation Macro-F1 as a
+  float and as the exact fraction the tie rule compared (``probing.tasks.C_SCORE_KEYS``), so that
+  every run's ``chosen_c`` and ``c_tied`` can be recomputed from the files;
 - ``probe/is_errors.parquet``: per fitted IS run, its ``probe.is_errors`` most confidently
   misclassified test cells (model keys + ``probing.plan.ERROR_COLUMNS``), for the failure gallery;
 - ``probe/summary.csv``: protocol-balanced mean ± SD per condition (Macro-F1, -AUROC, -AUPRC) with
@@ -31,19 +34,31 @@ from cellpath.features.encoders.registry import selected_encoders
 from cellpath.features.panel import load_panel_cells, panel_sections
 from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (COUNTS_NAME, TIMING_NAME, panels_csv, probe_is_errors_parquet, probe_metrics_json,
-                                probe_reports, probe_runs_parquet, probe_table_csv, stage_log)
+                                probe_reports, probe_runs_parquet, probe_table_csv, stage_lock, stage_log)
+from cellpath.io.locks import exclusive
 from cellpath.probing.summary import (comparison_metrics, condition_metrics, condition_name, headline_metrics,
                                       run_counts, summarise)
-from cellpath.probing.tasks import ERROR_KEYS, plan_magnification, probe_tasks, read_shard, unavailable_runs
+from cellpath.probing.tasks import (C_SCORE_KEYS, ERROR_KEYS, empty_c_scores, plan_magnification, probe_tasks,
+                                    read_shard, unavailable_runs)
 from cellpath.runtime.executor import run_tasks
 from cellpath.runtime.shards import prune
 from cellpath.runtime.tracking import Tracker, flat_metrics
 
 log = logging.getLogger(__name__)
 
+C_SCORES_NAME = "c_scores.parquet"  # in the probe folder, beside runs.parquet
+
 
 def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
-    """probe: fit and score every run, write the run table, summaries and metrics, log to MLflow."""
+    """probe: fit and score every run, write the run table, summaries and metrics, log to MLflow.
+
+    One probe stage of a project at a time: it holds its work folder's lock (``data/.work/probe.lock``),
+    so a second one stops at once rather than prune the first one's shards."""
+    with exclusive(stage_lock(data_dir, "probe"), "the probe stage of this project"):
+        return _run(params, data_dir, reports, root)
+
+
+def _run(params: Params, data_dir: Path, reports: Path, root: Path | None) -> pd.DataFrame:
     started = time.perf_counter()
     cfg = params.probe
     magnifications = params.stage_magnifications(cfg.magnifications)
@@ -58,13 +73,13 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     context, tasks = probe_tasks(params, data_dir, panel, plans, encoders, magnifications)
     with Tracker(params.mlflow, "probe", root, stage_log(reports, "probe")) as tracker:
         outcomes = run_tasks(tasks, params.executor)
-        runs_table, errors = _collect(outcomes, tracker, params)
+        runs_table, errors, c_scores = _collect(outcomes, tracker, params)
         summaries = summarise(runs_table, magnifications, nested_panels(data_dir, params.panel))
         for name, comparison in comparison_metrics(runs_table, summaries, magnifications).items():
             tracker.add_metrics(name, comparison)
         counts = run_counts(runs_table, unavailable_runs(params, encoders, plans))
         write_outputs(reports, runs_table, errors, summaries, counts,
-                      headline_metrics(runs_table, summaries, magnifications))
+                      headline_metrics(runs_table, summaries, magnifications), c_scores=c_scores)
         tracker.finish(stage_params(params, magnifications), flat_metrics(counts, "runs/"),
                        [probe_runs_parquet(reports), probe_metrics_json(reports)])
     prune(context.parent, [context, *(task.output for task in tasks)])
@@ -76,13 +91,14 @@ def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None)
     return runs_table
 
 
-def _collect(outcomes: list, tracker: Tracker, params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The run table and IS confident errors of every task, in task order (so neither depends on the
-    executor), logging one MLflow run per condition as its rows arrive."""
-    frames, error_frames = [], []
+def _collect(outcomes: list, tracker: Tracker, params: Params) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The run table, IS confident errors and per-C validation scores of every task, in task order (so
+    none depends on the executor), logging one MLflow run per condition as its rows arrive."""
+    frames, error_frames, c_frames = [], [], []
     for outcome in outcomes:
-        shard, errors = read_shard(outcome.output)
+        shard, errors, c_scores = read_shard(outcome.output)
         error_frames.append(errors)
+        c_frames.append(c_scores)
         for _, frame in shard.groupby(["readout", "taxonomy"], sort=False):
             frame = frame.reset_index(drop=True)
             frames.append(frame)
@@ -92,7 +108,8 @@ def _collect(outcomes: list, tracker: Tracker, params: Params) -> tuple[pd.DataF
                          int((frame["status"] == "ok").sum()))
             log_conditions(tracker, frame, params)
     errors = pd.concat(error_frames, ignore_index=True).reindex(columns=ERROR_KEYS)
-    return pd.concat(frames, ignore_index=True), errors
+    c_scores = pd.concat(c_frames, ignore_index=True).reindex(columns=C_SCORE_KEYS) if c_frames else empty_c_scores()
+    return pd.concat(frames, ignore_index=True), errors, c_scores
 
 
 def nested_panels(data_dir: Path, panel: str) -> dict[str, list[str]]:
@@ -134,13 +151,14 @@ def stage_params(params: Params, magnifications: list[str]) -> dict:
 
 
 def write_outputs(reports: Path, runs: pd.DataFrame, errors: pd.DataFrame, summaries: dict[str, pd.DataFrame],
-                  counts: dict, metrics: dict) -> None:
-    """The probe folder (run table, IS confident errors, summaries, counts) and metrics.json, each
-    written atomically."""
+                  counts: dict, metrics: dict, *, c_scores: pd.DataFrame | None = None) -> None:
+    """The probe folder (run table, per-C validation scores — none given: an empty table with its
+    columns —, IS confident errors, summaries, counts) and metrics.json, each written atomically."""
     reports.mkdir(parents=True, exist_ok=True)
     with atomic_output(probe_reports(reports)) as out:
         out.mkdir()
         runs.to_parquet(out / probe_runs_parquet(reports).name, index=False)
+        (empty_c_scores() if c_scores is None else c_scores).to_parquet(out / C_SCORES_NAME, index=False)
         errors.to_parquet(out / probe_is_errors_parquet(reports).name, index=False)
         for name, frame in summaries.items():
             frame.to_csv(out / probe_table_csv(reports, name).name, index=False)

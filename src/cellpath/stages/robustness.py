@@ -4,7 +4,8 @@ scoring units, groups, anchors and shared k are described in ``robustness/panel.
 
 Outputs (under the reports folder):
 
-- ``robustness/summary.csv``: one row per (model, magnification, readout, taxonomy, scope, unit);
+- ``robustness/summary.csv``: one row per (model, magnification, readout, taxonomy, scope, unit),
+  LTM with ``n_tail`` (how many margins it averages: those at or below ``q_alpha``, ties included);
   a unit scored on anchors carries bootstrap 95 % intervals (``<metric>_low`` / ``_high``; NaN
   where every cell was scored);
 - ``robustness/margins.parquet``: every scored cell's CRoMa margin (NaN where undefined), the mean
@@ -14,8 +15,10 @@ Outputs (under the reports folder):
 - ``robustness/shortcut.csv``: the shortcut probe's accuracy curves, ``shortcut_summary.csv`` APD / nIPD;
 - ``robustness/agreement.csv``: rank agreement of the metrics across models (and with nIPD);
 - ``robustness/sensitivity.csv`` / ``sensitivity_agreement.csv``: the optional α and m sweeps
-  (``robustness.sensitivity``) and the rank correlations between their settings;
-- ``robustness_metrics.json``: per model, the headline numbers for ``dvc metrics show``.
+  (``robustness.sensitivity``; LTM with its ``n_tail`` at every setting) and the rank correlations
+  between their settings;
+- ``robustness_metrics.json``: per model, the headline numbers for ``dvc metrics show`` (with
+  ``LTM10 n_tail`` beside ``LTM10``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from cellpath.features.panel import load_panel_cells
 from cellpath.features.readouts import readout_available
 from cellpath.io.atomic import atomic_output
 from cellpath.io.layout import (robustness_margins_parquet, robustness_metrics_json, robustness_reports,
-                                robustness_table_csv, stage_log)
+                                robustness_table_csv, stage_lock, stage_log)
+from cellpath.io.locks import exclusive
 from cellpath.robustness.agreement import metric_agreement
 from cellpath.robustness.sensitivity import sensitivity_agreement
 from cellpath.robustness.summary import (CONDITION_KEYS, condition_metrics, condition_name, robustness_metrics,
@@ -49,7 +53,15 @@ log = logging.getLogger(__name__)
 
 
 def run(params: Params, data_dir: Path, reports: Path, root: Path | None = None) -> pd.DataFrame:
-    """robustness: score every (encoder, magnification, readout, taxonomy, scope, unit)."""
+    """robustness: score every (encoder, magnification, readout, taxonomy, scope, unit).
+
+    One robustness stage of a project at a time: it holds its work folder's lock (``data/.work/robustness.lock``),
+    so a second one stops at once rather than prune the first one's shards."""
+    with exclusive(stage_lock(data_dir, "robustness"), "the robustness stage of this project"):
+        return _run(params, data_dir, reports, root)
+
+
+def _run(params: Params, data_dir: Path, reports: Path, root: Path | None) -> pd.DataFrame:
     started = time.perf_counter()
     cfg = params.robustness
     magnifications = params.stage_magnifications(cfg.magnifications)
@@ -108,9 +120,10 @@ def _collect(outcomes: list, tracker: Tracker, params: Params, shortcut: pd.Data
             tracker.log_child(condition_name(row), {"model": row["model"], **condition, "m": cfg.m, "k": row["k"],
                                                     "group": cfg.group, "confounder": cfg.confounder},
                               condition_metrics(row, shortcut), {"margins.parquet": margins}, seconds=seconds)
-            log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f, RI %.3f, MaRI %.3f "
-                     "(k=%d; %d of %d margins undefined)", row["model"], *condition.values(), row["croma_median"],
-                     row["f0"], row["ltm"], row["ri"], row["mari"], row["k"], row["n_undefined"], row["n_samples"])
+            log.info("robustness %s %s %s %s %s %s: CRoMa median %.3f, F(0) %.3f, LTM %.3f (%d in the tail), RI %.3f, "
+                     "MaRI %.3f (k=%d; %d of %d margins undefined)", row["model"], *condition.values(),
+                     row["croma_median"], row["f0"], row["ltm"], row["n_tail"], row["ri"], row["mari"], row["k"],
+                     row["n_undefined"], row["n_samples"])
     return {"summary": pd.DataFrame(rows), **tables}
 
 

@@ -14,16 +14,17 @@ from cellpath.errors import ConfigError
 from cellpath.io.atomic import atomic_output
 from cellpath.preflight import check_params, read_params
 from cellpath.readiness import check_readiness, paper_panel_params, render
-from cellpath.vocabulary import PAPER_PANEL_PRESETS
+from cellpath.vocabulary import PAPER_PANEL_PRESETS, PLACEMENT_ANCHORS
 
 NOTHING_REMOVED = "no stage has run or removed anything"
 
 
 def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: str = "current",
-        models: list[str] | None = None) -> str:
+        models: list[str] | None = None, anchors: list[str] | None = None) -> str:
     """Raise ConfigError listing every problem at once (for a 10x panel: its readiness table); else
     write ``record`` (when given) and return what was validated. ``models`` (registry slugs): with a
-    paper-panel preset, the encoders checked instead of the configuration's."""
+    paper-panel preset, the encoders checked instead of the configuration's; ``anchors``: with the
+    placement preset, the paper's models checked beside them (default: ``PLACEMENT_ANCHORS``)."""
     if preset in PAPER_PANEL_PRESETS and record is not None:
         raise ConfigError("--record is the validate stage's output, which checks params.yaml as it is; "
                           f"leave out --preset {preset} there")
@@ -35,7 +36,8 @@ def run(params_path: Path, data_dir: Path, record: Path | None = None, preset: s
     if params is not None and not problems and (preset in PAPER_PANEL_PRESETS or params.source == "10x"):
         paper, notes = preset in PAPER_PANEL_PRESETS, []
         if paper:
-            params, notes = paper_panel_params(params, root, placement=preset == "placement", encoders=models)
+            params, notes = paper_panel_params(params, root, placement=preset == "placement", encoders=models,
+                                               anchors=PLACEMENT_ANCHORS if anchors is None else tuple(anchors))
         report = check_readiness(params, root, data_dir, paper=paper, placement=preset == "placement",
                                  notes=tuple(notes))
         text = render(report)

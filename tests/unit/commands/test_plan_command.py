@@ -17,7 +17,7 @@ from cellpath.features.encoders.registry import load_registry
 from cellpath.features.readouts import readout_available, readout_width
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import PAPER_RUNS, PAPER_TABLE_3, paper_params
-from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
+from cellpath.runtime.costs import (CostModel, DeviceCosts, ExpressionCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
                                     SectionCosts, StorageCosts, load_costs, parameter_count, patch_gflop, save_costs)
 from helpers.project import PROJECT_ROOT
 
@@ -52,7 +52,9 @@ def costs(tmp_path):
                              cores=2, source="test extract"),
         sections={stage: SectionCosts(seconds_base=base, seconds_per_cell=1e-4, heap_base_bytes=1e9,
                                       heap_bytes_per_cell=1e4, cells=(10_000, 40_000), cores=1, source=f"test {stage}")
-                  for stage, base in (("ingest", 1.0), ("annotate", 2.0), ("concordance", 3.0), ("extract", 4.0))})})
+                  for stage, base in (("ingest", 1.0), ("annotate", 2.0), ("concordance", 3.0), ("extract", 4.0))},
+        expression=ExpressionCosts(seconds_per_row_width2=1e-10, seconds_per_width3=0.0, cores=2,
+                                   source="test expression"))})
     path = tmp_path / "costs.json"
     save_costs(model, path)
     return path
@@ -78,7 +80,13 @@ def test_paper_preset_derives_table_3_and_prices_every_stage_without_data(at_roo
     assert 0 < by_stage["probe"]["seconds"] < 1e-9 * PAPER_RUNS * (2 * 1_536 + 1) * 7_079_283
     assert by_stage["probe"]["core_seconds_range"][0] == by_stage["probe"]["seconds"]  # no per-iteration cost
     assert plan["not_estimated"] == {"ingest": [], "annotate": [], "concordance": [], "extract": ["cuda"],
-                                     "probe": ["cuda"], "robustness": ["cuda"]}
+                                     "probe": ["cuda"], "expression": ["cuda"], "robustness": ["cuda"]}
+    # expression: 30 encoders × Nuc, Mean × 3 magnifications × the runs (units × seeds) × 3 designs
+    runs = 25 * 5 + 23 * 3 + 5 * 3 + 11 * 3
+    assert by_stage["expression"]["units"] == 30 * 2 * 3 * runs * 3
+    assert 0 < by_stage["expression"]["core_seconds"] == 2 * by_stage["expression"]["seconds"]
+    # at most every panel cell in each fit, at most 1,536 + 9 columns (UNI2's Nuc and the Tfine one-hot)
+    assert by_stage["expression"]["seconds"] < 1e-10 * 30 * 2 * 3 * runs * 3 * 7_079_283 * (1_536 + 9) ** 2
     # ingest, annotate and concordance: every manifest row with a download (concordance ranks them all)
     manifest = pd.read_csv("data/manifests/xenium_datasets.csv").dropna(subset=["bundle_url"])
     assert plan["staged_sections"]["sections"] == len(manifest) == 51
@@ -291,14 +299,18 @@ def test_the_paper_plan_prints_the_disk_per_place_and_dvc_time(at_root, tmp_path
 
 def test_placement_is_the_paper_at_its_headline_condition_and_its_dvc_line_makes_it(at_root, tmp_path):
     """The placement configuration keeps the paper's panel, seeds, folds, gates and no cap, for the
-    listed encoders at 20×, Nuc, Tfine (probe and robustness); its `-S` arguments applied to
-    params.yaml give exactly that configuration."""
+    listed encoders and the default anchors (after them, once) at 20×, Nuc, Tfine (probe and
+    robustness); its `-S` arguments applied to params.yaml give exactly that configuration."""
     from cellpath.planning.paper import overrides, placement_params
 
     params = load_params("params.yaml")
     placement = placement_params(params, ["uni2"])
     paper = paper_params(params)
-    assert placement.extract.encoders == ["uni2"] and placement.extract.magnifications == ["20x"]
+    assert placement.extract.encoders == ["uni2", "kaiko-vit-s-16", "phikon"]
+    assert placement_params(params, ["phikon", "uni2"], ["kaiko-vit-s-16", "phikon"]).extract.encoders == [
+        "phikon", "uni2", "kaiko-vit-s-16"]
+    assert placement_params(params, ["uni2"], []).extract.encoders == ["uni2"]
+    assert placement.extract.magnifications == ["20x"]
     assert placement.probe.readouts == ["Nuc"] and placement.probe.taxonomies == ["fine"]
     assert placement.robustness.readouts == ["Nuc"] and placement.robustness.taxonomies == ["fine"]
     for same in ("panel", "source", "protocol"):
@@ -321,21 +333,26 @@ def test_placement_is_the_paper_at_its_headline_condition_and_its_dvc_line_makes
 def test_cli_placement_prices_one_model_as_a_fraction_of_its_paper_share(at_root, tmp_path, costs, capsys):
     """`cellpath plan --preset placement --models uni2`: the same cost model prices the placement and
     uni2's share of the paper's configuration; the placement is a small fraction of it (one of 3
-    magnifications, 1 of 7 readouts, 1 of 2 taxonomies), and the line that runs it is printed."""
+    magnifications, 1 of 7 readouts, 1 of 2 taxonomies), and the line that runs it is printed. With
+    the default anchors, they are priced and run too (on both sides)."""
     plan = json.loads(plan_text(load_params("params.yaml"), tmp_path, preset="placement", models=["uni2"],
-                                costs_path=costs, as_json=True))
+                                costs_path=costs, as_json=True, anchors=[]))
     share = plan["placement"]
     assert share["models"] == ["uni2"] and plan["probe"]["total"]["runs"] == sum(
         row["runs"] for row in plan["probe"]["protocols"].values())
     paper = json.loads(plan_text(load_params("params.yaml"), tmp_path, preset="paper", models=["uni2"],
                                  costs_path=costs, as_json=True))
+    anchored = json.loads(plan_text(load_params("params.yaml"), tmp_path, preset="placement", models=["uni2"],
+                                    costs_path=costs, as_json=True))
+    assert anchored["placement"]["models"] == ["uni2", "kaiko-vit-s-16", "phikon"]
+    assert anchored["probe"]["total"]["runs"] == 3 * plan["probe"]["total"]["runs"]
     paper_cpu = sum(e["core_seconds"] for e in paper["estimates"] if e["device"] == "cpu") / 3600
     assert share["paper"]["cpu_total"] == pytest.approx(paper_cpu)
     assert 0 < share["cpu_fraction"] < 0.25
     # one magnification of three: a third of the paper's patches; one readout and taxonomy: 1/14 of the runs
     assert plan["features"][0]["magnification"] == "20x" and len(plan["features"]) == 1
     assert plan["probe"]["total"]["runs"] * 14 * 3 == paper["probe"]["total"]["runs"]
-    assert main(["plan", "--preset", "placement", "--models", "uni2", "--costs", str(costs),
+    assert main(["plan", "--preset", "placement", "--models", "uni2", "--anchors", "--costs", str(costs),
                  "--data-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "placement of uni2: the paper's configuration at its headline condition" in text

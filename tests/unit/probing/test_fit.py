@@ -234,6 +234,7 @@ def test_a_task_scores_the_same_alone_and_in_two_different_groups():
 def _same_bits(a, b) -> None:
     for p, q in zip(a, b, strict=True):
         assert (p.chosen_c, p.tied_cs, p.iterations, p.converged) == (q.chosen_c, q.tied_cs, q.iterations, q.converged)
+        assert p.val_scores == q.val_scores  # every C's exact validation Macro-F1
         for metric in ("macro_f1", "val_macro_f1", "macro_auroc", "macro_auprc"):
             assert getattr(p, metric) == getattr(q, metric), metric
         assert np.array_equal(p.test_pred, q.test_pred) and np.array_equal(p.test_confidence, q.test_confidence)

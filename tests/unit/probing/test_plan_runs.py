@@ -108,7 +108,7 @@ def test_confident_errors_are_each_is_runs_most_confident_misclassified_test_cel
     cfg = _cfg(is_errors=4, c_grid=[0.1, 1.0], tol=1e-10)
     runs = [run for run in plan_runs(cells, "is", "fine", cfg) if run.task is not None][:3] \
         + plan_runs(cells, "iocd", "fine", cfg)[:1]
-    frame, errors = fit_condition(x, cells, runs, cfg)
+    frame, errors, _ = fit_condition(x, cells, runs, cfg)
     assert list(errors.columns) == ERROR_COLUMNS
     assert set(errors["protocol"]) == {"is"}  # other protocols keep none
     for run, row in zip(runs[:3], frame.itertuples()):

@@ -10,8 +10,8 @@ import pytest
 
 from cellpath.published import load_published
 from cellpath.published.reference import (PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS, PAPER_SEEDS, RunConfiguration,
-                                          comparability, placement, published_condition, rank_interval,
-                                          reproduction)
+                                          comparability, placement, published_condition, reproduction,
+                                          unit_correlations)
 
 S25 = frozenset(f"s{i}" for i in range(25))
 PAPER_RUN = RunConfiguration(source="10x", panel="S25", panel_sizes=(10, 15, 20, 25), panel_sections=S25,
@@ -42,11 +42,32 @@ def test_every_departure_from_the_paper_is_named(change, reason):
     assert len(reasons) == 1 and reason in reasons[0], reasons
 
 
-def test_the_condition_comes_from_the_complete_supplementary_table(published):
+def test_the_condition_comes_from_the_table_whose_sd_is_across_its_balanced_units(published):
+    """IS at 20× Nuc: Table 4 (SD across the 11 organs), not Table 15 (the same means, SD across the
+    25 sections, 1.2–1.5× larger); an IS condition only the supplement prints keeps its SD across
+    sections and says so; cross-domain: the supplement (equal to Table 5), with its Nuc win counts."""
     paper = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine")
-    assert len(paper) == 30 and set(paper["table"]) == {15}  # Table 15, not Table 4's copy of the same column
+    assert len(paper) == 30 and set(paper["table"]) == {4} and set(paper["sd_across"]) == {"balanced units"}
+    assert paper["wins"].isna().all()  # the IS tables count wins in CRA, not in this metric
+    sections = published_condition(published, protocol="is", magnification="20x", readout="Nuc", taxonomy="fine",
+                                   metric="macro_auroc")
+    assert set(sections["table"]) == {17} and set(sections["sd_across"]) == {"sections"}
+    table_15 = published[(published["table"] == 15) & (published["readout"] == "Nuc")].set_index("model")
+    by_model = paper.set_index("model")
+    assert (by_model["mean"] == table_15.loc[by_model.index, "mean"]).all()
+    ratio = table_15.loc[by_model.index, "sd"] / by_model["sd"]
+    assert 1.2 < ratio.min() and ratio.max() < 1.5 and ratio.median() == pytest.approx(1.40, abs=0.01)
     looo = published_condition(published, protocol="looo", magnification="20x", readout="Nuc", taxonomy="fine")
-    assert len(looo) == 30 and int(looo["table"].iloc[0]) > 116
+    assert len(looo) == 30 and int(looo["table"].iloc[0]) == 123 and looo.set_index("model").at["UNI2", "wins"] == 25
+
+
+def test_the_unit_correlation_fitted_to_the_papers_wins(published):
+    """Golden: the one-factor correlation whose expected Wilcoxon wins match Table 5's best (least
+    squares over :data:`RHO_GRID`), per cross-domain protocol; IS borrows their median."""
+    found = unit_correlations(published, magnification="20x")
+    assert {p: c.rho for p, c in found.items()} == {"iocd": 0.97, "mocv": 0.96, "looo": 0.95, "is": 0.96}
+    assert all(c.wins_rmse < 1.3 for p, c in found.items() if p != "is")  # about one win per model
+    assert "Table 87" in found["iocd"].source and "median" in found["is"].source
 
 
 def _summary(rows: list[tuple[str, str, float, int]]) -> pd.DataFrame:
@@ -107,21 +128,14 @@ def test_reproduction_differences_and_flags(published):
     assert table.at["UNI2", "table"] == paper.at["UNI2", "table"]
 
 
-def test_rank_interval_golden_with_a_fixed_placed_mean():
-    """Placed at 50 pp exactly; published means over n = 9 units with SD 3 (SE 1): A at 50 (above it
-    in half the draws: not separable), B at 53 and C at 47 (three SEs away: separable). The rank is
-    2 or 3, never 1 or 4."""
-    paper = pd.DataFrame({"model": ["A", "B", "C"], "mean": [50.0, 53.0, 47.0], "sd": [3.0, 3.0, 3.0]})
-    result = rank_interval(paper, np.full(4000, 50.0), 9, np.random.default_rng(0))
-    assert (result["low"], result["high"]) == (2, 3)
-    assert result["not_separable"] == ["A"]
-
-
-def test_rank_interval_widens_with_the_placed_models_own_uncertainty():
-    """Published means known exactly (SD 0) at 10, 20, …, 50 pp; the placed model's replicates spread
-    over 15–45 pp: its rank runs from 2 to 5, and the three models inside that spread are not separable."""
-    paper = pd.DataFrame({"model": list("abcde"), "mean": [10.0, 20.0, 30.0, 40.0, 50.0], "sd": [0.0] * 5})
-    replicates = np.random.default_rng(1).uniform(15.0, 45.0, 4000)
-    result = rank_interval(paper, replicates, 11, np.random.default_rng(2))
-    assert (result["low"], result["high"]) == (2, 5)
-    assert result["not_separable"] == ["b", "c", "d"]
+def test_an_is_condition_with_its_sd_across_sections_uses_the_sections_as_n(published):
+    """The supplement's IS SDs are across the 25 sections: the tolerance divides by √25, not by the
+    11 organs the mean is balanced over."""
+    paper = published_condition(published, protocol="is", magnification="40x", readout="Nuc",
+                                taxonomy="fine").set_index("model")
+    ours = pd.DataFrame([{"model": "uni2", "magnification": "40x", "readout": "Nuc", "taxonomy": "fine",
+                          "protocol": "is", "metric": "macro_f1", "mean": paper.at["UNI2", "mean"] / 100, "sd": 0.05,
+                          "n_units": 11}])
+    table = reproduction(published, ours, {"uni2": "UNI2"}, is_sections=25).set_index("model")
+    assert table.at["UNI2", "sd_across"] == "sections" and table.at["UNI2", "n_units"] == 25
+    assert table.at["UNI2", "tolerance"] == pytest.approx(1.959964 * paper.at["UNI2", "sd"] / 5.0)

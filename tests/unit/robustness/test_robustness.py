@@ -211,9 +211,14 @@ def test_large_group_forces_requery_and_still_matches_croma(monkeypatch):
     calls: list[int] = []
     search = neighbours._search
     monkeypatch.setattr(neighbours, "_search", lambda index, q, k, chunk: calls.append(k) or search(index, q, k, chunk))
+    monkeypatch.setattr(neighbours, "_DENSE_BLOCK_ANCHORS", 0)  # every typed search by faiss, per block
     ours = score_embeddings(x, bio, conf, group, m=5, k=21)
-    assert 21 + 40 in calls  # generic search: first fetch 21 + 5, the big patch re-queried with 21 + 40
+    margin = max(neighbours._FETCH_MARGIN, 21 // 2)  # fetched beyond k and the same-group allowance
+    assert calls[-2:] == [21 + margin + 5, 21 + margin + 40]  # generic search: the big patch re-queried
     assert len(calls) - 2 > 12 * 2  # typed search: re-queries beyond one SO and one OS search per block
+    monkeypatch.setattr(neighbours, "_DENSE_BLOCK_ANCHORS", 10**9)  # every typed search one dense product
+    dense = score_embeddings(x, bio, conf, group, m=5, k=21)
+    np.testing.assert_array_equal(dense.margins, ours.margins)
     reference, ri, mari = _croma_scores(x.astype(np.float64), _manifest(bio, conf, group), 5, [21])
     assert np.max(np.abs(ours.margins - reference.sample_values)) < TOL
     assert abs(ours.ri - ri.value) < TOL and abs(ours.mari - mari.value) < TOL
@@ -428,6 +433,7 @@ def test_tail_sweep_on_the_toy_margins():
     assert table.loc[0.3, "ltm"] == pytest.approx(((S - 1) / (S + 1) + 2 * (S - 0.5) / (S + 0.5)) / 3, abs=1e-12)
     assert table.loc[0.6, "ltm"] == pytest.approx(ordered[:5].mean(), abs=1e-12)
     assert (table["n_undefined"] == 1).all() and np.allclose(table["croma_median"], -1 / 3)
+    assert table["n_tail"].tolist() == [1, 3, 5]  # the margins each LTM averages
 
 
 def test_sensitivity_agreement_golden_spearman():

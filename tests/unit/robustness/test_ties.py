@@ -11,7 +11,11 @@ import pytest
 
 from cellpath.robustness import score_embeddings
 from cellpath.robustness.metrics import knn_balanced_accuracy, lower_tail, rank_weights, robustness_index
-from cellpath.robustness.neighbours import scan_neighbours
+from cellpath.robustness.neighbours import l2_normalise, l2_normalise_exact, scan_neighbours
+from cellpath.robustness.sensitivity import margin_sweep, tail_sweep
+from cellpath.robustness.summary import (SHORTCUT_SUMMARY_COLUMNS, condition_metrics, robustness_metrics,
+                                         sensitivity_table)
+from cellpath.vocabulary import HEADLINE_READOUT, HEADLINE_TAXONOMY
 
 SCALARS = ("k", "ri", "mari", "support", "tau", "bio_bacc", "conf_bacc", "median", "f0", "ltm", "q_alpha")
 
@@ -145,3 +149,63 @@ def test_ltm_includes_every_margin_tied_at_the_quantile():
     many = rng.choice(np.linspace(-1, 1, 37), 5000)  # ties everywhere
     for _ in range(3):
         assert lower_tail(rng.permutation(many)) == lower_tail(many)
+
+
+def test_small_norm_rows_have_the_distances_of_the_unscaled_rows():
+    """Rows are divided by their norm, nothing added: rows scaled by 1e-6 or 1e-9 (a filter bank's
+    small norms) keep their float64 distances to rounding, where croma's ``norm + 1e-12`` would move
+    them by far more than the tie tolerance; a zero row stays zero (cosine 0 to every row)."""
+    rng = np.random.default_rng(5)
+    n = 240
+    group = np.repeat(np.arange(n // 4), 4)
+    section = rng.integers(0, 3, n // 4)[group]
+    cell_type = rng.integers(0, 3, n)
+    x = rng.standard_normal((3, 16))[cell_type] + rng.standard_normal((n, 16))
+    typed, knn = scan_neighbours(x, group, cell_type, section, m=5, k=11)
+    for scale in (1e-6, 1e-9):
+        small = x * scale
+        np.testing.assert_allclose(l2_normalise_exact(small), l2_normalise_exact(x), rtol=0, atol=1e-15)
+        small_typed, small_knn = scan_neighbours(small, group, cell_type, section, m=5, k=11)
+        for got, want in ((small_typed.so, typed.so), (small_typed.os, typed.os), (small_knn.distance, knn.distance)):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+        biased = small / (np.linalg.norm(small, axis=1, keepdims=True) + 1e-12)  # croma's convention
+        assert np.max(np.abs(biased @ biased.T - l2_normalise_exact(x) @ l2_normalise_exact(x).T)) > 1e-9
+    with_zero = x.copy()
+    with_zero[0] = 0.0
+    unit = l2_normalise_exact(with_zero)
+    assert np.all(unit[0] == 0.0) and np.isfinite(unit).all() and np.all(l2_normalise(with_zero)[0] == 0.0)
+    zero_typed, zero_knn = scan_neighbours(with_zero, group, cell_type, section, m=5, k=11)
+    assert np.all(zero_typed.so[0] == 1.0) and np.all(zero_typed.os[0] == 1.0)
+    assert np.all(zero_knn.distance[0][np.isfinite(zero_knn.distance[0])] == 1.0)
+    np.testing.assert_allclose(zero_typed.so[1:], scan_neighbours(with_zero[1:], group[1:], cell_type[1:], section[1:],
+                                                                  m=5)[0].so, rtol=0, atol=0)
+
+
+def test_n_tail_is_written_beside_ltm():
+    """How many margins LTM averages (every one at or below the quantile, so more than 10 % when
+    margins tie there) is in the summary row, the sweeps, the MLflow metrics and robustness_metrics.json."""
+    x, cell_type, section, group = _duplicated_panel()
+    result = score_embeddings(x, cell_type, section, group, m=5)
+    tail = lower_tail(result.margins, result.alpha)
+    defined = result.margins[np.isfinite(result.margins)]
+    assert result.n_tail == tail.n_tail == int(np.sum(defined <= result.q_alpha))
+    row = result.summary()
+    keys = list(row)
+    assert row["n_tail"] == result.n_tail and keys.index("n_tail") == keys.index("ltm") + 1
+    condition = {"model": "a", "magnification": "20x", "readout": HEADLINE_READOUT, "taxonomy": HEADLINE_TAXONOMY,
+                 "scope": "panel", "unit": "panel", "confounder": "section_id"}
+    assert condition_metrics({**condition, **row}, pd.DataFrame())["n_tail"] == result.n_tail
+    summary = pd.DataFrame([{**condition, **row}])
+    metrics = robustness_metrics(summary, pd.DataFrame(columns=SHORTCUT_SUMMARY_COLUMNS), "20x")["a"]
+    labels = list(metrics)
+    assert metrics["LTM10 n_tail"] == result.n_tail and isinstance(metrics["LTM10 n_tail"], int)
+    assert labels.index("LTM10 n_tail") == labels.index("LTM10") + 1
+    sweep = tail_sweep(result.margins, [0.02, 0.1, 0.2]).set_index("value")
+    assert sweep.loc[0.1, "n_tail"] == result.n_tail and sweep.loc[0.1, "ltm"] == result.ltm
+    assert [lower_tail(result.margins, a).n_tail for a in (0.02, 0.2)] == sweep.loc[[0.02, 0.2], "n_tail"].tolist()
+    # 21 margins are exactly -1 (a duplicated OS neighbour), all at the 2 % quantile: more than 2 % in the tail
+    assert sweep.loc[0.02, "n_tail"] == np.sum(defined == -1.0) > np.ceil(0.02 * defined.size)
+    by_m = margin_sweep(x, cell_type, section, group, [5]).set_index("value")
+    assert by_m.loc[5.0, "n_tail"] == result.n_tail
+    assert "n_tail" in sensitivity_table([sweep.reset_index().assign(**condition)]).columns
