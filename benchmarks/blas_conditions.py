@@ -31,4 +31,12 @@ def restart_without_slow_blas() -> dict[str, str]:
 def blas_report() -> list[dict]:
     """The BLAS / OpenMP libraries loaded in this process (threadpoolctl), with their thread counts."""
     keys = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads", "threading_layer")
-    return [{k: lib.get(k) for k in keys} for lib in threadpool_info()]
+    return [{k: _as_json_value(lib.get(k)) for k in keys} for lib in threadpool_info()]
+
+
+def _as_json_value(value: object) -> object:
+    """A threadpoolctl field as JSON: some controllers (scipy's fast_matrix_market) report a callable
+    as their version; it is called, and anything else not a JSON scalar is written as text."""
+    if callable(value):
+        value = value()
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
