@@ -249,6 +249,43 @@ def robustness_rows(d: dict) -> list[Row]:
                 **when(d))]
 
 
+def placement_rows(d: dict) -> list[Row]:
+    main = d["scenarios"]["paper"]
+    labels = {"is": "IS", "iocd": "IOCD", "mocv": "MOCV", "looo": "LOOO"}
+
+    def side(name: str) -> str:
+        return ", ".join(f"{labels[p]} {100 * r[name]['coverage']:.1f} % / {r[name]['median_width']:g}"
+                         for p, r in main.items())
+
+    lowest = min((r["new"]["lowest_model_coverage"]["coverage"], p) for p, r in main.items())
+    rho = ", ".join(f"{labels[p]} {c['rho']:g}" for p, c in d["correlations"].items())
+    return [Row("placement rank intervals (`bench_placement.py`)",
+                f"each of the paper's 30 models placed among the other 29 with the anchors, on per-unit results "
+                f"drawn to match the published means, SDs and wins ({main['is']['replicates']} replicates per "
+                f"protocol, unit correlation {rho})",
+                "the independent construction it replaced (every published mean drawn alone, a bootstrap of the run)",
+                f"coverage of the true rank / median width (ranks), paired: {side('new')}; independent: {side('old')}; "
+                f"the least-covered model {100 * lowest[0]:.1f} % ({labels[lowest[1]]})",
+                **when(d))]
+
+
+def expression_rows(d: dict) -> list[Row]:
+    compared = [r for r in d["runs"] if r["sklearn_run"]]
+    streamed = [r for r in d["runs"] if not r["sklearn_run"]]
+    parts = [f"{ratio(r['speedup_vs_sklearn'], '×', 1)} at {thousands(r['rows'])} × {r['width']}" for r in compared]
+    alone = "; ".join(f"ours alone {thousands(r['ours_rows_per_second']['median'])} rows/s at {thousands(r['rows'])} "
+                      f"× {r['width']} (streamed, peak {r['ours_peak_mib']:,.0f} MiB)" for r in streamed)
+    worst = d["summary"]["coefficients_max_relative_difference"]
+    return [Row("expression ridge (`bench_expression.py`)",
+                f"standardise, fit {len(d['settings']['penalties'])} penalties, choose one per gene on validation and "
+                f"predict, {d['settings']['genes']} targets, real-shaped rows; alternated {d['settings']['repeats']}×",
+                "scikit-learn's StandardScaler + Ridge(solver='cholesky') per penalty on the held float64 matrix",
+                "; ".join(parts) + (f"; {alone}" if alone else "")
+                + f"; chosen penalties equal: {'yes' if d['summary']['chosen_penalties_equal_everywhere'] else 'NO'}"
+                + (f", coefficients within {worst:.1g} (relative)" if worst is not None else ""),
+                **when(d))]
+
+
 def scale_rows(d: dict) -> list[Row]:
     first = d["sizes"][0]
     wall, heap = first["ratio_streamed_over_in_memory"]["wall"], first["ratio_streamed_over_in_memory"]["peak_anon_rss"]
@@ -389,7 +426,8 @@ def pipeline_rows(d: dict) -> list[Row]:
 
 BUILDERS: dict[str, Callable[[dict], list[Row]]] = {
     "cellvit_read": cellvit_read_rows, "companions": companions_rows, "dvc_storage": dvc_storage_rows,
-    "executor": executor_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
+    "executor": executor_rows, "expression": expression_rows, "extract": extract_rows, "fetch_ingest": fetch_ingest_rows, "probe": probe_rows,
+    "placement": placement_rows,
     "real_section": real_section_rows, "real_shaped": real_shaped_rows, "robustness": robustness_rows,
     "scale": scale_rows, "scale_agreement": scale_agreement_rows, "section_stages": section_stages_rows,
     "slide_read": slide_read_rows,

@@ -14,6 +14,8 @@ keeps what the file has; every other device is left as it is, byte for byte). Un
   floor of a patch's time. ``patches_per_cell_224`` is the ``cpu`` entry's (a property of the tissue).
 * ``probe`` from part (c) (``gpu.probe_part``): its ``seconds_per_iteration`` and ``seconds_per_pass``
   per mode; iterations and host heap its own where it gives them, else the ``cpu`` entry's.
+* ``expression`` from part (e), only when its fits agreed with the CPU's: the least-squares line
+  ``n · w² · a + w³ · b`` through its timings (``cellpath.runtime.costs.fit_expression_costs``), cores 1.
 * ``robustness`` from part (d), only when its search agreed with the CPU's: ``seconds_per_pair_full``
   and ``seconds_per_pair_anchor`` = the timings' seconds / (queries × candidates × width); host heap
   the ``cpu`` entry's.
@@ -30,10 +32,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from cellpath.runtime.costs import COSTS_PATH, PROBE_MODES, CostModel, load_costs
+from cellpath.errors import ConfigError
+from cellpath.runtime.costs import COSTS_PATH, PROBE_MODES, CostModel, fit_expression_costs, load_costs
 
 CUDA = "cuda"
-_ORDER = ("probe", "robustness", "extract")  # as save_costs writes a device
+_ORDER = ("probe", "robustness", "extract", "expression")  # as save_costs writes a device
 
 
 class MergeError(Exception):
@@ -133,8 +136,21 @@ def robustness_entry(record: dict, name: str, model: CostModel) -> dict:
                       f"{result['tolerance']:g}; search only (no store reads); heap: the cpu entry's (host)"}
 
 
+def expression_entry(record: dict, name: str, model: CostModel) -> dict:
+    """``devices.cuda.expression`` from part (e)'s timings, when its fits agreed with the CPU's."""
+    result = record["parts"]["expression"]["result"]
+    if not result["equality"]["agrees"]:
+        raise MergeError(f"part e's ridge differs from the CPU's: {result['equality']}")
+    runs = [(t["rows"], t["width"], t["seconds"]) for t in result["timings"]]
+    try:
+        costs = fit_expression_costs(runs, cores=1, source=f"{_origin(record, name)}: {result['source']}")
+    except ConfigError as error:
+        raise MergeError(str(error)) from None
+    return asdict(costs)
+
+
 BUILDERS = {"extract": ("encoders", extract_entry), "probe": ("probe", probe_entry),
-            "robustness": ("robustness", robustness_entry)}
+            "robustness": ("robustness", robustness_entry), "expression": ("expression", expression_entry)}
 
 
 def cuda_entry(record: dict, name: str, model: CostModel, current: dict | None) -> tuple[dict, list[str]]:

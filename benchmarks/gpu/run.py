@@ -1,13 +1,15 @@
-"""The GPU measurement's driver: four parts, each within its time budget, into one JSON.
+"""The GPU measurement's driver: five parts, each within its time budget, into one JSON.
 
     PYTHONPATH=src:benchmarks python -m gpu.run [--device cuda] [--out DIR] [--commit HASH] [--tiny]
-                                                [--parts encoders extraction probe robustness] [--total-s 450]
+                                                [--parts encoders extraction probe robustness expression]
+                                                [--total-s 450]
 
 Parts (each a module with ``measure(device, sizes, budget_s) -> dict``): (a) ``encoders``, forward
 rates of a ViT-S, a ViT-L and a ViT-g at the registry's precision against fp32; (b) ``extraction``,
 the delivered patch rate of a slide read ahead on the CPU cores into the ViT-L; (c) ``probe``, the
 probe engine on the device (``gpu.probe_part``); (d) ``robustness``, the exact
-k-NN and margins on the device against the CPU's, and the time per pair. Each part runs guarded: an
+k-NN and margins on the device against the CPU's, and the time per pair; (e) ``expression``, the
+expression probes' exact ridge on the device against the CPU's (``gpu.expression_part``). Each part runs guarded: an
 exception, or running past its budget by ``GRACE_S`` (an alarm), is recorded as the part's
 ``status`` with its text, and the next part runs. ``--total-s`` caps the sum: a part gets at most
 what is left. ``OUT/gpu.json`` is rewritten after every part, so a run killed from outside keeps
@@ -38,9 +40,9 @@ import traceback
 from pathlib import Path
 
 PARTS = {"encoders": "gpu.encoders", "extraction": "gpu.extraction", "probe": "gpu.probe_part",
-         "robustness": "gpu.robustness"}
-BUDGETS_S = {"device": {"encoders": 130, "extraction": 130, "probe": 80, "robustness": 90},
-             "tiny": {"encoders": 60, "extraction": 60, "probe": 30, "robustness": 60}}
+         "robustness": "gpu.robustness", "expression": "gpu.expression_part"}
+BUDGETS_S = {"device": {"encoders": 115, "extraction": 115, "probe": 80, "robustness": 90, "expression": 40},
+             "tiny": {"encoders": 60, "extraction": 60, "probe": 30, "robustness": 60, "expression": 20}}
 GRACE_S = 15  # past its budget a part is interrupted
 OUT_NAME = "gpu.json"
 
@@ -59,7 +61,8 @@ def sizes_for(preset: str, cpus: int) -> dict:
                 "robustness": {"width": 32, "n_types": 4, "n_sections": 3, "cells_per_group": 4, "k": 11, "m": 5,
                                "compare_cells": 1_500, "compare_anchors": 64, "full_cells": 800,
                                "anchor_cells": 3_000, "anchors": 100, "candidate_block": 512, "query_block": 256,
-                               "tolerance": 1e-4}}
+                               "tolerance": 1e-4},
+                "expression": {"shapes": [(3_000, 16), (6_000, 32)], "equality": (2_000, 16)}}
     return {"encoders": {"models": MODELS, "batch": 64, "batches": 20, "depth": None},
             "extraction": {"slide_px": 8192, "tile": 256, "levels": 3, "slide_mpp": 0.25, "target_mpp": 0.25,
                            "compression": "zlib", "batch": 64, "prefetch": 4,
@@ -71,7 +74,8 @@ def sizes_for(preset: str, cpus: int) -> dict:
             "robustness": {"width": 1_280, "n_types": 20, "n_sections": 25, "cells_per_group": 8, "k": 91, "m": 5,
                            "compare_cells": 200_000, "compare_anchors": 512, "full_cells": 100_000,
                            "anchor_cells": 1_000_000, "anchors": 20_000, "candidate_block": 65_536,
-                           "query_block": 8_192, "tolerance": 1e-4}}
+                           "query_block": 8_192, "tolerance": 1e-4},
+            "expression": {"shapes": [(100_000, 1_280), (100_000, 2_560), (400_000, 1_280)], "equality": (20_000, 256)}}
 
 
 class PartTimeout(Exception):

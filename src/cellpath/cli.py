@@ -18,7 +18,7 @@ from cellpath.errors import CellPathError
 from cellpath.io import native_parquet
 from cellpath.io.layout import DEFAULT_DATA_DIR, DEFAULT_REPORTS_DIR, stage_log
 from cellpath.runtime.costs import COSTS_PATH
-from cellpath.vocabulary import PRESETS
+from cellpath.vocabulary import PLACEMENT_ANCHORS, PRESETS
 
 log = logging.getLogger("cellpath")
 
@@ -109,6 +109,13 @@ def _probe(args: argparse.Namespace) -> None:
     run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
 
 
+def _expression(args: argparse.Namespace) -> None:
+    from cellpath.config import load_params
+    from cellpath.stages.expression import run
+
+    run(load_params(args.params), Path(args.data_dir), Path(args.reports_dir))
+
+
 def _robustness(args: argparse.Namespace) -> None:
     from cellpath.config import load_params
     from cellpath.stages.robustness import run
@@ -134,7 +141,7 @@ def _validate(args: argparse.Namespace) -> None:
     from cellpath.stages.validate import run
 
     print(run(Path(args.params), Path(args.data_dir), Path(args.record) if args.record else None, preset=args.preset,
-              models=args.models))
+              models=args.models, anchors=args.anchors))
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -145,7 +152,7 @@ def _plan(args: argparse.Namespace) -> None:
               worker_cores=args.worker_cores, worker_memory_gb=args.worker_memory_gb,
               deadline_days=args.deadline_days, as_json=args.json, models=args.models,
               node_gpus=args.node_gpus, reports_dir=Path(args.reports_dir),
-              pilot=Path(args.pilot) if args.pilot else None))
+              pilot=Path(args.pilot) if args.pilot else None, anchors=args.anchors))
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -194,6 +201,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "concordance": (_concordance, "H&E nuclei (CellViT++ or the built-in detector) vs Xenium labels: AGR-BAcc, ranking, panels"),
     "extract": (_extract, "frozen-encoder features per cell (Nuc, Mean, Cls) at a target magnification"),
     "probe": (_probe, "linear probes under IS / IOCD / MOCV / LOOO: run table, summaries, metrics.json, MLflow"),
+    "expression": (_expression, "label-free expression probes: ridge regression of each cell's measured expression on "
+                                "its features, its type and both, under the type probes' protocols"),
     "robustness": (_robustness, "CRoMa, F(0), LTM, RI, MaRI, k-NN probes and the shortcut probe (APD, nIPD) per encoder"),
     "gallery": (_gallery, "where each model fails: a page per model of its lowest-margin cells and most confident "
                           "IS errors, as H&E crops with their nearest SO / OS neighbours (reports/gallery/)"),
@@ -246,6 +255,13 @@ PRESET_HELP = {
 }
 
 
+def _preset_arguments(stage: argparse.ArgumentParser, name: str) -> None:
+    stage.add_argument("--preset", choices=PRESETS, default="current", help=PRESET_HELP[name])
+    stage.add_argument("--anchors", nargs="*", metavar="SLUG",
+                       help="with --preset placement: the paper's models run beside --models, to place them on the "
+                            f"paper's scale (default: {' '.join(PLACEMENT_ANCHORS)}; none: --anchors alone)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cellpath import __version__
 
@@ -262,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         stage.add_argument("--reports-dir", default=str(DEFAULT_REPORTS_DIR),
                            help="reports folder (default: %(default)s)")
         if name in PRESET_HELP:
-            stage.add_argument("--preset", choices=PRESETS, default="current", help=PRESET_HELP[name])
+            _preset_arguments(stage, name)
         if name == "extract":
             stage.add_argument("--encoder", help="registry slug or name (default: every extract.encoders entry)")
             stage.add_argument("--magnification", help="40x, 20x or 10x (default: every extract.magnifications entry)")

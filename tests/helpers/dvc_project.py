@@ -58,6 +58,7 @@ def make_tiny_project(work: Path, magnifications: tuple[str, ...] = ("10x", "20x
                            max_iter=20, magnifications=None)
     params["robustness"].update(magnifications=["10x"], taxonomies=["coarse"], readouts=["Nuc"], group="tile",
                                 shortcut={"enabled": False})
+    params["expression"].update(magnifications=["10x"], readouts=["Nuc"], genes=20)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q", "-b", "main"], work)
     run(["git", "config", "user.email", "test@example.com"], work)

@@ -26,7 +26,7 @@ from helpers.project import HANG_GUARD_S
 pytestmark = pytest.mark.slow
 
 STAGES = {"validate", "fetch", "ingest", "annotate", "concordance", "extract@filterbank-dense-10x",
-          "extract@filterbank-dense-20x", "probe", "robustness", "gallery", "report"}
+          "extract@filterbank-dense-20x", "probe", "expression", "robustness", "gallery", "report"}
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -89,6 +89,7 @@ def test_dvc_metrics_and_plots_show(repo):
     work = repo["work"]
     metrics = run(["dvc", "metrics", "show"], work)
     assert "reports/metrics.json" in metrics and "reports/robustness_metrics.json" in metrics
+    assert "reports/expression_metrics.json" in metrics and "filterbank-dense.LOOO r" in metrics
     plots = run(["dvc", "plots", "show", "-o", str(repo["root"] / "plots")], work)
     assert "index.html" in plots
     page = (repo["root"] / "plots" / "index.html").read_text()
@@ -159,8 +160,16 @@ def test_one_protocol_as_a_dvc_experiment(repo):
     assert set(metrics["filterbank-dense"]) == {"MOCV"}
     assert 0.0 <= metrics["filterbank-dense"]["MOCV"] <= 100.0  # percentage points, as the report
     assert experiment["data"]["params"]["params.yaml"]["data"]["protocol"] == "mocv"
-    # the table a person reads: every changed column, none cut, in a 200-column terminal
-    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--no-pager"], cwd=work,
+    expression = experiment["data"]["metrics"]["reports/expression_metrics.json"]["data"]
+    # the expression stage reran too, under MOCV alone (dvc exp show leaves the interval's list out)
+    assert "MOCV r" in expression["filterbank-dense"]
+    assert set(expression["filterbank-dense"]) <= {"MOCV r", "MOCV r_ci95"}
+    written = json.loads((work / "reports" / "expression_metrics.json").read_text())
+    assert "MOCV r" in written["filterbank-dense"]
+    assert {key.split()[0] for key in written["filterbank-dense"]} <= {"MOCV", "CRA"}  # no other protocol
+    # the table a person reads: every changed column of the type probes and robustness, none cut, in a
+    # 200-column terminal (the expression probes' columns, 5 per model and 4 in all, are dropped here)
+    table = subprocess.run(["dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", ".* r$"], cwd=work,
                            env=dvc_env() | {"COLUMNS": "200"}, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()

@@ -7,7 +7,7 @@ from cellpath.config import Params, parse_params
 from cellpath.features.encoders.registry import load_registry
 from cellpath.vocabulary import (HEADLINE_MAGNIFICATION, HEADLINE_READOUT, HEADLINE_TAXONOMY, MAGNIFICATIONS,
                                  PAPER_MIN_TEST_CELLS, PAPER_MIN_TRAIN_CELLS, PAPER_MOCV_FOLDS, PAPER_PANEL,
-                                 PAPER_PANEL_SIZES, PAPER_SEEDS, READOUTS)
+                                 PAPER_PANEL_SIZES, PAPER_SEEDS, PLACEMENT_ANCHORS, READOUTS)
 
 PAPER_TABLE_3 = {"is": 157_500, "iocd": 86_940, "mocv": 18_900, "looo": 41_580}  # probe runs per protocol
 PAPER_RUNS = 304_920
@@ -25,19 +25,31 @@ def paper_params(params: Params) -> Params:
                          seeds=dict(PAPER_SEEDS), mocv_folds=PAPER_MOCV_FOLDS, max_train_cells=None,
                          min_train_cells=dict(PAPER_MIN_TRAIN_CELLS), min_test_cells=dict(PAPER_MIN_TEST_CELLS))
     data["robustness"].update(taxonomies=["fine", "coarse"], magnifications=None)
+    data["expression"].update(magnifications=None)
     data["robustness"]["shortcut"]["n_runs"] = 20
     return parse_params(data)
 
 
-def placement_params(params: Params, encoders: list[str] | None = None) -> Params:
+def placement_encoders(encoders: list[str], anchors: list[str] | tuple[str, ...] = PLACEMENT_ANCHORS) -> list[str]:
+    """The encoders a placement runs: ``encoders`` and then the ``anchors`` (the paper's models re-run
+    beside them, so that the placed models are scored against them on the same units and seeds;
+    docs/decisions/0046) not already among them."""
+    return list(encoders) + [slug for slug in anchors if slug not in encoders]
+
+
+def placement_params(params: Params, encoders: list[str] | None = None,
+                     anchors: list[str] | tuple[str, ...] = PLACEMENT_ANCHORS) -> Params:
     """The paper's configuration (:func:`paper_params`: S25, its seeds, folds and class gates, no
     cap, all four protocols) restricted to what its published ranking reads — the headline condition,
-    20×, Nuc, Tfine, for the probe and for robustness (the CRoMa headline) — for ``encoders``
-    (registry slugs or names; default: ``extract.encoders`` of ``params``)."""
+    20×, Nuc, Tfine, for the probe and for robustness (the CRoMa headline), Nuc for the expression
+    probes — for ``encoders``
+    (registry slugs or names; default: ``extract.encoders`` of ``params``) and the ``anchors``."""
     data = paper_params(params).model_dump(mode="json")
-    data["extract"].update(encoders=list(encoders or params.extract.encoders), magnifications=[HEADLINE_MAGNIFICATION])
+    data["extract"].update(encoders=placement_encoders(list(encoders or params.extract.encoders), anchors),
+                           magnifications=[HEADLINE_MAGNIFICATION])
     data["probe"].update(taxonomies=[HEADLINE_TAXONOMY], readouts=[HEADLINE_READOUT])
     data["robustness"].update(taxonomies=[HEADLINE_TAXONOMY], readouts=[HEADLINE_READOUT])
+    data["expression"].update(readouts=[HEADLINE_READOUT])
     return parse_params(data)
 
 

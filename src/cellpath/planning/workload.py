@@ -22,7 +22,8 @@ from cellpath.features.tiling import place_section_cells
 from cellpath.io.layout import features_dir, section_index_csv
 from cellpath.io.sections import read_section_obs, sections_to_extract
 from cellpath.probing.fit import design_row_bytes, state_row_bytes
-from cellpath.probing.plan import count_runs, plan_runs, split_sizes
+from cellpath.probing.plan import capped_training, count_runs, plan_runs, split_sizes
+from cellpath.probing.protocols import make_splits
 from cellpath.runtime.costs import ExtractCosts, extract_patches, feature_bytes, parameter_count
 from cellpath.runtime.planning import ExtractJob
 from cellpath.sources.tenx import read_manifest, select_sections
@@ -217,6 +218,42 @@ def probe_workload(params: Params, encoders: list[EncoderSpec], magnifications: 
              "n_classes": key[5], "row_bytes": design_row_bytes(key[1], len(cfg.c_grid) * key[5]),
              "state_bytes": state_row_bytes(len(cfg.c_grid) * key[5]), "runs": runs}
             for key, runs in shapes.items()]
+
+
+def _expression_splits(params: Params, panel: dict, evaluated: pd.DataFrame | None, protocol: str) -> list[int]:
+    """Rows (train + val + test) of every expression run of one protocol: the type probes' splits on the
+    panel's cells where they exist (low-count cells not known here: an upper bound), else from the
+    section list."""
+    cfg = params.probe
+    if evaluated is not None:
+        splits = make_splits(evaluated, protocol, cfg.seeds[protocol], n_folds=cfg.mocv_folds,
+                             roi_fraction=cfg.is_roi_fraction, buffer_um=cfg.is_buffer_um, val_fraction=cfg.val_fraction)
+        return [len(capped_training(s.train, cfg.max_train_cells, s)) + len(s.val) + len(s.test) for s in splits]
+    sizes = split_sizes(pd.DataFrame(panel["sections"]), protocol, n_folds=cfg.mocv_folds,
+                        roi_fraction=cfg.is_roi_fraction, val_fraction=cfg.val_fraction)
+    cap = cfg.max_train_cells
+    return [min(s.n_train, cap or s.n_train) + s.n_val + s.n_test for s in sizes for _ in range(cfg.seeds[protocol])]
+
+
+def expression_workload(params: Params, encoders: list[EncoderSpec], panel: dict,
+                        evaluated: pd.DataFrame | None) -> list[dict]:
+    """Every expression design fit by shape (encoder, width, n_rows) with its count: per run and usable
+    readout, the features (width w), the type (the Tfine classes) and both (w + classes)."""
+    cfg = params.expression
+    n_types = len(FINE_CLASSES)
+    magnifications = len(params.stage_magnifications(cfg.magnifications))
+    rows = [n for protocol in params.protocols for n in _expression_splits(params, panel, evaluated, protocol)]
+    shapes: dict[tuple, int] = {}
+    for spec in encoders:
+        for readout in cfg.readouts:
+            if not readout_available(spec, readout):
+                continue
+            width = readout_width(spec.embed_dim, readout)
+            for n in rows:
+                for design_width in (width, n_types, width + n_types):
+                    key = (spec.slug, design_width, n)
+                    shapes[key] = shapes.get(key, 0) + magnifications
+    return [{"encoder": k[0], "width": k[1], "n_rows": k[2], "fits": fits} for k, fits in shapes.items()]
 
 
 def robustness_workload(params: Params, encoders: list[EncoderSpec], panel: dict) -> list[dict]:

@@ -234,3 +234,15 @@ def thumbnail(image: np.ndarray, points: pd.DataFrame, colours: dict[str, tuple]
     ax.set_axis_off()
     ax.set_title(f"{title}\n{image.shape[1] * mpp:.0f} × {image.shape[0] * mpp:.0f} µm", fontsize=8)
     return png(fig)
+
+
+def gene_heatmap(matrix: pd.DataFrame) -> bytes:
+    """Genes × models Pearson r (``report.expression.gene_matrix``), genes in rows, best first."""
+    fig, ax = plt.subplots(figsize=(1.6 + 0.9 * matrix.shape[1], 1.2 + 0.22 * matrix.shape[0]))
+    limit = max(float(np.nanmax(np.abs(matrix.to_numpy()))), 0.05)
+    image = ax.imshow(matrix.to_numpy(float), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(matrix.shape[1]), matrix.columns, rotation=30, ha="right")
+    ax.set_yticks(range(matrix.shape[0]), matrix.index)
+    fig.colorbar(image, ax=ax, label="Pearson r (test cells)")
+    ax.set_title("Measured expression decoded per gene")
+    return png(fig)

@@ -17,6 +17,8 @@ PROBE_TABLES = ["summary", "wins", "crt", "cra", "cra_pooled", "rank_agreement",
 #: The robustness tables the report reads (``reports/robustness/<name>.csv``).
 ROBUSTNESS_TABLES = ["summary", "low_margin_enrichment", "shortcut", "shortcut_summary", "agreement",
                      "sensitivity_agreement"]
+#: The expression probes' tables the report reads (``reports/expression/<name>.csv``).
+EXPRESSION_TABLES = ["summary", "wins", "cra", "gene_summary"]
 #: The margins.parquet columns the CRoMa distributions are drawn from.
 MARGIN_COLUMNS = ["model", "magnification", "readout", "taxonomy", "scope", "unit", "margin"]
 
@@ -36,6 +38,7 @@ class ReportInputs:
     published: pd.DataFrame  # the paper's results (cellpath.published)
     run_configuration: RunConfiguration
     gallery: dict | None  # reports/gallery/index.json (None: the gallery stage has not run)
+    expression: dict[str, pd.DataFrame] | None = None  # reports/expression/*.csv (EXPRESSION_TABLES)
 
 
 def protocols_run(runs: pd.DataFrame) -> list[str]:

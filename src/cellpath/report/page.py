@@ -53,6 +53,9 @@ WHERE = [
     {"what": "MLflow", "text": "a parent run per stage execution with its log, a child run per condition (model, "
      "magnification, readout, taxonomy, protocol as params; scores in pp) to filter and compare models:",
      "command": "make ui  # http://127.0.0.1:5000"},
+    {"what": "Expression probes", "text": "one row per run (r from the features, the type and both), per gene "
+     "r and penalty, each run's genes, their summaries; headline numbers for DVC:",
+     "command": "reports/expression/; reports/expression_metrics.json"},
     {"what": "Per-cell robustness", "text": "every scored cell's CRoMa margin and the nearest SO / OS neighbours "
      "that decided it:", "command": "reports/robustness/margins.parquet"},
     {"what": "Where models fail", "text": "a page per model of H&E crops (below); the IS test cells each run "
@@ -91,6 +94,7 @@ def page_context(params: Params, inputs: ReportInputs, built: dict[str, tuple[Ta
         "landscape_note": (f"Without a pretraining scale in the registry (drawn at the left, off the scale): "
                            f"{', '.join(missing_scale)}." if missing_scale else ""),
         "effect_tables": [by_name["rank_agreement"], by_name["magnification_retention"]],
+        "expression_table": by_name.get("expression"),
         "panel_table": by_name["panel_robustness"], "robustness_table": by_name["robustness"],
         "shortcut_table": by_name["shortcut"], "agreement_table": by_name["agreement"],
         "sensitivity_table": by_name["sensitivity"],

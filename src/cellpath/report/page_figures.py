@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from cellpath.report import figures, tables
+from cellpath.report.expression import gene_matrix
 from cellpath.report.inputs import ReportInputs
 from cellpath.vocabulary import HEADLINE_READOUT, HEADLINE_TAXONOMY, TAXONOMY_LABELS, headline_magnification
 
@@ -34,6 +35,7 @@ def build_figures(inputs: ReportInputs, magnifications: list[str], numeric: dict
     margins = inputs.margins.assign(condition=lambda f: f["model"] + " · " + f["readout"] + " · " + f["magnification"]
                                     + " · " + f["taxonomy"] + " · " + f["unit"])
     shortcut = inputs.robustness["shortcut"]
+    genes = gene_matrix(inputs.expression["gene_summary"], headline) if inputs.expression else pd.DataFrame()
     return {
         "landscape": _drawn(landscape.dropna(subset=["cra_wins", "crt"], how="all"),
                             lambda: figures.landscape(landscape)),
@@ -48,6 +50,7 @@ def build_figures(inputs: ReportInputs, magnifications: list[str], numeric: dict
         "croma": _drawn(margins, lambda: figures.croma_distributions(margins, sorted(margins["condition"].unique()))),
         "classes": figures.class_abundance(numeric["class_counts"], colours),
         "shortcut": _drawn(shortcut, lambda: figures.shortcut_curves(shortcut)),
+        "expression_genes": _drawn(genes, lambda: figures.gene_heatmap(genes)),
     }
 
 

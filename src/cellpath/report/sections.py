@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cellpath.report import tables
+from cellpath.report.expression import expression_table
 from cellpath.report.inputs import ReportInputs, protocols_run
 from cellpath.report.published import published_tables
 from cellpath.report.render import Table, display_table
@@ -29,7 +30,8 @@ def build_tables(inputs: ReportInputs, magnifications: list[str], panel: str) ->
     evaluated panel (params.yaml ``panel``). Tables a protocol that was not run leaves empty say so."""
     headline = headline_magnification(magnifications)
     built = (_probe_tables(inputs, magnifications, panel) | _cross_domain_tables(inputs, magnifications)
-             | published_tables(inputs, headline) | _robustness_tables(inputs, headline) | _data_tables(inputs))
+             | published_tables(inputs, headline) | _expression_tables(inputs, headline) | _robustness_tables(inputs, headline)
+             | _data_tables(inputs))
     _explain_empty(built, protocols_run(inputs.runs))
     return built
 
@@ -44,6 +46,22 @@ def _explain_empty(built: Built, protocols: list[str]) -> None:
             table.empty_reason = f"no cross-domain protocol was run: protocols run {ran} (params: protocol)"
         elif name == "landscape" and set(protocols) != set(PROTOCOLS):
             table.empty_reason = f"CRA needs IS and CRT all three cross-domain protocols: protocols run {ran}"
+
+
+def _expression_tables(inputs: ReportInputs, headline: str) -> Built:
+    """The label-free expression probes' table (none when the run has no expression outputs)."""
+    if inputs.expression is None:
+        return {}
+    numeric = expression_table(inputs.expression["summary"], inputs.expression["cra"], inputs.expression["wins"],
+                               headline)
+    return {"expression": display_table(
+        "expression", f"Measured expression decoded at the nucleus — Nuc, {headline}",
+        "Per model and protocol: mean Pearson r over the run's genes (its 50 most variable on its training cells) "
+        "between the predicted and the measured log-normalised expression of the test cells, mean ± SD across the "
+        "balanced units [95% interval]; r(type): the same ridge from the cell's transferred Tfine label alone (no "
+        "model); gain: r(features) − r(type), what the features decode beyond the type; wins: paired Wilcoxon on "
+        "mean r over (unit, seed); CRA r: IS Nuc − Mean (docs/decisions/0049).",
+        numeric, percent_pairs=False, percent_columns=())}
 
 
 def _probe_tables(inputs: ReportInputs, magnifications: list[str], panel: str) -> Built:

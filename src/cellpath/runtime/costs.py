@@ -138,6 +138,20 @@ class SectionCosts:
     source: str
 
 
+@dataclass(frozen=True)
+class ExpressionCosts:
+    """An expression run's exact ridge (``cellpath.expression.ridge``) per design of width w over n rows
+    (train + validation + test): ``n · w² · seconds_per_row_width2`` (the Gram pass and the scoring
+    rows' product with the eigenbasis) + ``w³ · seconds_per_width3`` (the eigendecomposition), fitted
+    by least squares on ``benchmarks/bench_expression.py``'s runs; peak memory: three float64 w × w
+    matrices and two float64 read blocks of w columns (``read_rows`` rows)."""
+
+    seconds_per_row_width2: float
+    seconds_per_width3: float
+    cores: int
+    source: str
+
+
 #: The stages :class:`SectionCosts` price, in pipeline order.
 SECTION_STAGES = ("ingest", "annotate", "concordance", "extract")
 
@@ -148,6 +162,7 @@ class DeviceCosts:
     robustness: RobustnessCosts | None = None
     extract: ExtractCosts | None = None
     sections: dict[str, SectionCosts] | None = None  # stage → its per-section costs
+    expression: ExpressionCosts | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +210,8 @@ def load_costs(path: Path = COSTS_PATH) -> CostModel:
                 extract=None if parts.get("extract") is None else ExtractCosts(**parts["extract"]),
                 sections=None if parts.get("sections") is None else {
                     stage: SectionCosts(**{**entry, "cells": tuple(entry["cells"])})
-                    for stage, entry in parts["sections"].items()})
+                    for stage, entry in parts["sections"].items()},
+                expression=None if parts.get("expression") is None else ExpressionCosts(**parts["expression"]))
         storage = raw.get("storage")
         return CostModel(machine=raw["machine"], devices=devices,
                          storage=None if storage is None else StorageCosts(**storage))
@@ -214,7 +230,10 @@ def _device_dict(costs: DeviceCosts) -> dict:
     where it was never measured."""
     out = {name: None if part is None else {key: value for key, value in asdict(part).items()
                                             if value is not None or key not in _OPTIONAL}
-           for name, part in ((f.name, getattr(costs, f.name)) for f in fields(DeviceCosts) if f.name != "sections")}
+           for name, part in ((f.name, getattr(costs, f.name)) for f in fields(DeviceCosts)
+                              if f.name not in ("sections", "expression"))}
+    if costs.expression is not None:
+        out["expression"] = asdict(costs.expression)
     if costs.sections is not None:
         out["sections"] = {stage: {**asdict(entry), "cells": list(entry.cells)} for stage, entry in costs.sections.items()}
     return out
@@ -307,6 +326,34 @@ def robustness_heap_bytes(costs: RobustnessCosts, n_cells: int, width: int, *, f
     queries = n_cells if n_cells <= full_max_cells else min(anchors, n_cells)
     return (costs.heap_base_bytes + costs.heap_bytes_per_query_feature * queries * width
             + costs.heap_bytes_per_cell * n_cells)
+
+
+# --- expression -------------------------------------------------------------------------------------------------
+
+def expression_seconds(costs: ExpressionCosts, n_rows: int, width: int) -> float:
+    """Seconds of one design's ridge over ``n_rows`` rows (train + val + test) of ``width`` columns."""
+    return n_rows * width**2 * costs.seconds_per_row_width2 + width**3 * costs.seconds_per_width3
+
+
+def expression_heap_bytes(width: int, read_rows: int) -> float:
+    """Working bytes of one design's fit: three float64 w × w matrices and two float64 read blocks."""
+    return 3 * 8 * width**2 + 2 * 8 * read_rows * width
+
+
+def fit_expression_costs(runs: list[tuple[int, int, float]], *, cores: int, source: str) -> ExpressionCosts:
+    """``seconds = n · w² · a + w³ · b`` through measured (n_rows, width, seconds) runs, least squares in
+    relative error (the runs span orders of magnitude), from two shapes at least; a negative a or b,
+    which no measurement has, is refused."""
+    if len({(n, w) for n, w, _ in runs}) < 2:
+        raise ConfigError(f"{source}: the expression cost needs runs of two shapes at least")
+    rows = [(n * w**2 / t, w**3 / t) for n, w, t in runs]  # each run's equation divided by its seconds (= 1)
+    sxx, sxy, syy = (sum(x * x for x, _ in rows), sum(x * y for x, y in rows), sum(y * y for _, y in rows))
+    sx1, sy1 = sum(x for x, _ in rows), sum(y for _, y in rows)
+    det = sxx * syy - sxy * sxy
+    a, b = (sx1 * syy - sy1 * sxy) / det, (sy1 * sxx - sx1 * sxy) / det
+    if a < 0 or b < 0:
+        raise ConfigError(f"{source}: measured runs fit a = {a:.3g}, b = {b:.3g}; rerun the measurement on a quiet machine")
+    return ExpressionCosts(a, b, cores, source)
 
 
 # --- extraction -------------------------------------------------------------------------------------------------

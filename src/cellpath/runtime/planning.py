@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from cellpath.runtime.costs import (CostModel, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts, SectionCosts,
-                                    extract_seconds, patch_gflop, probe_fit_seconds, probe_heap_bytes,
+from cellpath.runtime.costs import (CostModel, ExpressionCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
+                                    SectionCosts, expression_heap_bytes, expression_seconds, extract_seconds,
+                                    patch_gflop, probe_fit_seconds, probe_heap_bytes,
                                     robustness_heap_bytes, robustness_seconds, section_heap_bytes, section_seconds,
                                     workers_needed)
 
-STAGES = ("ingest", "annotate", "concordance", "extract", "probe", "robustness")
+STAGES = ("ingest", "annotate", "concordance", "extract", "probe", "expression", "robustness")
 PER_SECTION_STAGES = ("ingest", "annotate", "concordance")  # priced by SectionCosts alone; CPU stages
-GPU_STAGES = ("extract", "probe", "robustness")  # the stages a GPU runs
+GPU_STAGES = ("extract", "probe", "expression", "robustness")  # the stages a GPU runs
 DEVICES = ("cpu", "cuda")
 EXTRACT_WORKING_BYTES = 2e9  # an extraction worker beyond the fp32 weights: batches, read-ahead (not measured)
 
@@ -56,6 +57,9 @@ class Workload:
     anchors: int
     section_cells: list[int] = field(default_factory=list)  # cells of every section ingest, annotate, concordance read
     probe_group_mb: float | None = None  # tasks grouped within it (probing.fit.group_budget_mb); None: probe_budget_mb
+    #: every expression design fit by shape: encoder, width (design columns), n_rows (train + val + test), fits
+    expression_shapes: list[dict] = field(default_factory=list)
+    expression_read_rows: int = 16384
 
 
 def extract_estimate(costs: ExtractCosts, device: str, job: ExtractJob, reading: SectionCosts | None = None) -> dict:
@@ -106,6 +110,18 @@ def probe_estimate(costs: ProbeCosts, device: str, work: Workload, iterations: I
             "source": f"{table.describe()} (its {work.c_grid_size} Cs together); {costs.source}"}
 
 
+def expression_estimate(costs: ExpressionCosts, device: str, work: Workload) -> dict:
+    """Every expression run's three ridge fits (features, type, type + features), on the worker's cores;
+    peak memory: the widest design's (:func:`expression_heap_bytes`)."""
+    seconds = sum(row["fits"] * expression_seconds(costs, row["n_rows"], row["width"]) for row in work.expression_shapes)
+    widest = max(row["width"] for row in work.expression_shapes)
+    return {"stage": "expression", "what": "every ridge fit", "device": device,
+            "units": sum(row["fits"] for row in work.expression_shapes), "unit": "fit", "seconds": seconds,
+            "core_seconds": seconds * costs.cores,
+            "peak_memory_bytes": expression_heap_bytes(widest, work.expression_read_rows), "disk_bytes": None,
+            "source": costs.source}
+
+
 def robustness_estimate(costs: RobustnessCosts, device: str, work: Workload) -> dict:
     """Every robustness scoring; peak memory of the unit with the most cells × width."""
     limits = {"full_max_cells": work.full_max_cells, "anchors": work.anchors}
@@ -135,6 +151,8 @@ def stage_estimates(model: CostModel, work: Workload, iterations: Iterations | N
             out += [extract_estimate(costs.extract, device, job, sections.get("extract")) for job in work.extract]
         if costs.probe is not None and work.probe_shapes:
             out.append(probe_estimate(costs.probe, device, work, iterations))
+        if costs.expression is not None and work.expression_shapes:
+            out.append(expression_estimate(costs.expression, device, work))
         if costs.robustness is not None and work.robustness_units:
             out.append(robustness_estimate(costs.robustness, device, work))
     return out

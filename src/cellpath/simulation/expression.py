@@ -35,6 +35,16 @@ FILLER_GENES: tuple[str, ...] = (
 BACKGROUND_RATE = 0.1
 PRIMARY_MARKER_RATE = (0.7, 2.2)
 SECONDARY_MARKER_RATE = (0.25, 0.8)
+# The within-type program: proliferation, a continuous per-cell score p in [0, 1] drawn whatever the
+# cell's type. Its genes (cell-cycle genes on real Xenium panels that are no ontology type's marker)
+# are near silent in every type's program and gain p · PROLIFERATION_RATE each, above a primary
+# marker's rate at p = 1, so that, as real cycling genes, they are among a panel's most variable.
+# Nuclei grow and darken with p (cellpath.simulation.morphology.proliferating), so what the nucleus
+# shows carries expression no type label can.
+PROLIFERATION_GENES: tuple[str, ...] = ("BIRC5", "CCNB1", "CDK1", "CENPF", "HMGB2")
+PROLIFERATION_RATE = 2.5
+PROLIFERATION_BASE_RATE = 0.02     # the program's genes in every type's program (near silent without it)
+PROLIFERATION_SHAPE = (0.35, 2.5)  # Beta(a, b) of the score: most cells near 0, a continuous tail of cycling ones
 N_NEGATIVE_CONTROL_PROBES = 20
 N_NEGATIVE_CONTROL_CODEWORDS = 20
 N_UNASSIGNED_CODEWORDS = 10
@@ -73,11 +83,14 @@ def build_panel(n_genes: int) -> GenePanel:
     return GenePanel(genes, controls)
 
 
-def type_programs(genes: tuple[str, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def type_programs(genes: tuple[str, ...], rng: np.random.Generator,
+                  proliferation: float = 0.0) -> dict[str, np.ndarray]:
     """Mean expression (relative rate per gene) for every ontology type over ``genes``.
 
     Drawn from a fixed generator, so that one seed gives the same biology in every section and in
-    the references.
+    the references. With the proliferation program on (``proliferation`` > 0) its genes are near
+    silent in every type's program (``PROLIFERATION_BASE_RATE``); off, the programs are those of a
+    simulator without it.
     """
     index = {g: i for i, g in enumerate(genes)}
     background = rng.lognormal(np.log(BACKGROUND_RATE), 0.6, len(genes))
@@ -98,7 +111,22 @@ def type_programs(genes: tuple[str, ...], rng: np.random.Generator) -> dict[str,
         if t.is_qc_state:  # necrotic/apoptotic/mitotic: an attenuated epithelial-like program
             rate = 0.5 * rate
         programs[t.name] = rate
+    silent = [index[g] for g in PROLIFERATION_GENES if g in index] if proliferation > 0 else []
+    for rate in programs.values():  # cell-cycle genes are near silent outside cycling cells, whatever the type
+        rate[silent] = PROLIFERATION_BASE_RATE
     return programs
+
+
+def proliferation_scores(n_cells: int, strength: float, rng: np.random.Generator) -> np.ndarray:
+    """Each cell's proliferation score p (n_cells,), Beta(``PROLIFERATION_SHAPE``) × ``strength``
+    (0: no within-type program)."""
+    return strength * rng.beta(*PROLIFERATION_SHAPE, n_cells)
+
+
+def proliferation_rates(genes: tuple[str, ...]) -> np.ndarray:
+    """Per gene of the panel, the rate a cell of score p = 1 gains: ``PROLIFERATION_RATE`` on the
+    program's genes the panel has, 0 elsewhere."""
+    return np.array([PROLIFERATION_RATE if g in PROLIFERATION_GENES else 0.0 for g in genes])
 
 
 def xenium_counts(
@@ -112,11 +140,14 @@ def xenium_counts(
     spillover: float = 0.2,
     dispersion: float = 4.0,
     block_cells: int = COUNT_BLOCK_CELLS,
+    proliferation: np.ndarray | None = None,
 ) -> sparse.csr_matrix:
     """Cells × features integer counts (genes then controls) for one Xenium section.
 
     depth: mean transcripts per cell; spillover: fraction of each cell's rate taken from its six
-    nearest neighbours (segmentation bleed); dispersion: gamma shape of the biological noise.
+    nearest neighbours (segmentation bleed); dispersion: gamma shape of the biological noise;
+    proliferation: each cell's score p (:func:`proliferation_scores`), whose rates
+    (:func:`proliferation_rates`) are added to the cell's own after the spill-over.
 
     Computed ``block_cells`` cells at a time, so memory is one block's cells × genes, not the
     section's (at 283,171 cells × 5,000 genes the neighbour rates alone were 68 GB). The draws are the
@@ -130,6 +161,7 @@ def xenium_counts(
     neighbours = cKDTree(xy_um).query(xy_um, k=7)[1][:, 1:] if spillover > 0 and len(xy_um) > 6 else None
     size = cell_area / np.mean(cell_area) * rng.lognormal(0.0, 0.3, len(cell_type))
     n_genes = program_rows.shape[1]
+    within = None if proliferation is None else proliferation_rates(panel.genes)
     blocks = [slice(start, min(start + block_cells, len(cell_type))) for start in range(0, len(cell_type), block_cells)]
     gammas = np.random.Generator(type(rng.bit_generator)())
     gammas.bit_generator.state = rng.bit_generator.state
@@ -140,6 +172,8 @@ def xenium_counts(
         rates = program_rows[type_index[block]]
         if neighbours is not None:
             rates = (1 - spillover) * rates + spillover * program_rows[type_index[neighbours[block]]].mean(axis=1)
+        if within is not None:
+            rates = rates + proliferation[block, None] * within[None, :]
         rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size[block])[:, None]
         noise = gammas.gamma(dispersion, 1.0 / dispersion, rates.shape)
         gene_counts.append(sparse.csr_matrix(rng.poisson(rates * noise).astype(np.int32)))

@@ -137,3 +137,16 @@ def draw_nuclei(cell_types: np.ndarray, strength: float, rng: np.random.Generato
     out["lobes"] = out["lobes"].astype(int)
     out["anucleate"] = out["anucleate"].astype(bool)
     return NucleusDraws(**out)
+
+
+NUCLEUS_GROWTH = 0.5  # a nucleus of proliferation score p has its semi-axes × (1 + NUCLEUS_GROWTH · p)
+DARKENING = 0.8      # ... and its haematoxylin OD + DARKENING · p (at most 2.0)
+
+
+def proliferating(draws: NucleusDraws, score: np.ndarray) -> NucleusDraws:
+    """The nuclei of cells with proliferation score ``score`` (n,), in [0, 1]: larger and darker
+    (replicating chromatin), whatever their type; anucleate cells are unchanged."""
+    growth = np.where(draws.anucleate, 1.0, 1.0 + NUCLEUS_GROWTH * score)
+    return replace(draws, major=draws.major * growth, minor=draws.minor * growth,
+                   darkness=np.where(draws.anucleate, draws.darkness,
+                                     np.minimum(draws.darkness + DARKENING * score, 2.0)))

@@ -34,8 +34,9 @@ from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
 from cellpath.io.layout import SIMULATION_TRUTH_NAME
 from cellpath.io.xenium import LAYOUTS
 from cellpath.simulation import xenium_bundle as xb
-from cellpath.simulation.expression import GenePanel, build_panel, reference_counts, type_programs, xenium_counts
-from cellpath.simulation.morphology import draw_nuclei
+from cellpath.simulation.expression import (GenePanel, build_panel, proliferation_scores, reference_counts,
+                                            type_programs, xenium_counts)
+from cellpath.simulation.morphology import draw_nuclei, proliferating
 from cellpath.simulation.programs import organ_cell_types, program_for
 from cellpath.simulation.render import draw_acquisition, render_section
 from cellpath.simulation.tissue import layout_cells
@@ -137,7 +138,9 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
 
     layout, tmap = layout_cells(program, n_cells, rng)
     n = len(layout.xy_um)
-    draws = draw_nuclei(layout.cell_type, strength, rng)
+    # the within-type program from a stream of its own: every other draw is what it was without it
+    proliferation = proliferation_scores(n, config.proliferation, _rng(seed, "proliferation", section.section_id))
+    draws = proliferating(draw_nuclei(layout.cell_type, strength, rng), proliferation)
     acquisition = draw_acquisition(rng, config.stain_variation)
     registration = draw_registration(layout.field_um, config.he_mpp, rng)
 
@@ -150,7 +153,8 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
     cell_centre = measured_nucleus - draws.offset
     cell_area = np.pi * draws.cytoplasm_radius**2 * np.maximum(draws.minor / draws.major, 0.45)
     cell_area = np.maximum(cell_area, np.pi * draws.vacuole**2)
-    counts = xenium_counts(layout.cell_type, layout.xy_um, cell_area, programs, panel, rng)
+    counts = xenium_counts(layout.cell_type, layout.xy_um, cell_area, programs, panel, rng,
+                           proliferation=proliferation)
     prefixes = np.sort(rng.choice(2**31, size=n, replace=False)).astype(np.uint32)
     cells = xb.BundleCells(
         id_prefix=prefixes, cell_xy_um=cell_centre, nucleus_xy_um=measured_nucleus, cell_area=cell_area,
@@ -161,13 +165,11 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
     prefix = f"{section.section_id}_"
     _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, config.he_mpp, registration.he_to_morph)
     truth = pd.DataFrame({
-        "cell_id": cells.cell_ids,
-        "cell_type": layout.cell_type,
-        "compartment": layout.compartment,
+        "cell_id": cells.cell_ids, "cell_type": layout.cell_type, "compartment": layout.compartment,
         "true_x_um": layout.xy_um[:, 0], "true_y_um": layout.xy_um[:, 1],
         "true_he_x_px": nucleus_he[:, 0], "true_he_y_px": nucleus_he[:, 1],
         "nucleus_major_um": draws.major, "nucleus_minor_um": draws.minor,
-        "orientation_rad": layout.orientation,
+        "orientation_rad": layout.orientation, "proliferation": proliferation,
     })
     truth.to_parquet(out_dir / SIMULATION_TRUTH_NAME, index=False)
     summary = {
@@ -208,7 +210,7 @@ def simulate_reference(organ: str, config: SyntheticConfig, seed: int, panel: Ge
 def fetch_synthetic(config: SyntheticConfig, seed: int, raw_dir: Path, references_dir: Path) -> dict:
     """Write every simulated section and one reference per organ; return a summary for the logs."""
     panel = build_panel(config.panel_genes)
-    programs = type_programs(panel.genes, _rng(seed, BIOLOGY_STREAM))
+    programs = type_programs(panel.genes, _rng(seed, BIOLOGY_STREAM), config.proliferation)
     raw_dir.mkdir(parents=True, exist_ok=True)
     references_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(raw_dir)

@@ -1,7 +1,8 @@
-"""report: the HTML page, Markdown/CSV tables and PNG figures from the probe and robustness outputs.
+"""report: the HTML page, Markdown/CSV tables and PNG figures from the probe, expression and
+robustness outputs.
 
 Reads only what earlier stages wrote (``reports/probe/*.csv``, ``reports/probe/runs.parquet``,
-``reports/robustness/*``, ``data/labels/summary.csv``, ``data/panels.csv``, the encoder registry
+``reports/expression/*.csv``, ``reports/robustness/*``, ``data/labels/summary.csv``, ``data/panels.csv``, the encoder registry
 and, for the H&E thumbnails, the ingested sections), so every number on the page comes from the
 run tables. Writes ``reports/index.html`` (images inlined), ``reports/tables/`` (one CSV with the
 numbers and one Markdown file with what the page shows, per table) and ``reports/figures/`` (PNG),
@@ -22,7 +23,7 @@ from cellpath.config import Params
 from cellpath.errors import InputError
 from cellpath.features.encoders.registry import selected_encoders
 from cellpath.io.atomic import atomic_output
-from cellpath.io.layout import (gallery_index_json, label_summary_csv, panels_csv, placement_metrics_json,
+from cellpath.io.layout import (expression_reports, gallery_index_json, label_summary_csv, panels_csv, placement_metrics_json,
                                 probe_counts_json, probe_runs_parquet, probe_table_csv, raw_dir, report_figure_png,
                                 report_figures, report_html, report_pareto_png, report_table_csv, report_table_md,
                                 report_tables, report_thumbnail_png, robustness_margins_parquet,
@@ -31,7 +32,7 @@ from cellpath.io.sections import read_section_index
 from cellpath.published import load_published
 from cellpath.published.reference import comparability
 from cellpath.report import figures
-from cellpath.report.inputs import (MARGIN_COLUMNS, PROBE_TABLES, ROBUSTNESS_TABLES, ReportInputs, evaluated_panel,
+from cellpath.report.inputs import (EXPRESSION_TABLES, MARGIN_COLUMNS, PROBE_TABLES, ROBUSTNESS_TABLES, ReportInputs, evaluated_panel,
                                     registry_table, run_configuration)
 from cellpath.report.page import PageImages, page_context
 from cellpath.report.page_figures import build_figures, pareto_figures
@@ -57,6 +58,7 @@ def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
     runs = _read(probe_runs_parquet(reports), "probe", reader=pd.read_parquet)
     robustness = {name: _read(robustness_table_csv(reports, name), "robustness") for name in ROBUSTNESS_TABLES}
     margins = _read(robustness_margins_parquet(reports), "robustness", reader=pd.read_parquet, columns=MARGIN_COLUMNS)
+    expression = {name: _read(expression_reports(reports) / f"{name}.csv", "expression") for name in EXPRESSION_TABLES}
     label_summary = _read(label_summary_csv(data_dir), "annotate")
     panels = _read(panels_csv(data_dir), "concordance")
     registry = registry_table(selected_encoders(params.extract.registry, params.extract.encoders))
@@ -64,7 +66,7 @@ def load_inputs(params: Params, data_dir: Path, reports: Path) -> ReportInputs:
     index = gallery_index_json(reports)
     gallery = json.loads(index.read_text()) if index.is_file() else None
     return ReportInputs(probe, counts, runs, robustness, margins, label_summary, panels, registry, load_published(),
-                        run_configuration(params, panels, manifest), gallery)
+                        run_configuration(params, panels, manifest), gallery, expression)
 
 
 def thumbnails(params: Params, data_dir: Path, panels: pd.DataFrame, colours: dict) -> list[dict]:

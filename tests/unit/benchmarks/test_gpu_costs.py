@@ -15,7 +15,7 @@ from cellpath.config import load_params
 from cellpath.features.encoders.registry import load_registry
 from cellpath.planning.build import build_plan
 from cellpath.planning.paper import paper_params
-from cellpath.planning.workload import panel_summary, probe_workload, robustness_workload
+from cellpath.planning.workload import expression_workload, panel_summary, probe_workload, robustness_workload
 from cellpath.probing.fit import probe_budget_mb
 from cellpath.runtime.costs import (CostModel, DeviceCosts, ExtractCosts, Iterations, ProbeCosts, RobustnessCosts,
                                     parameter_count, save_costs)
@@ -30,6 +30,7 @@ PROBE = {"seconds_per_iteration": {"in_memory": 2e-11, "streamed": 5e-11},
          "seconds_per_pass": {"in_memory": 1e-10, "streamed": 3e-10}, "source": "synthetic probe part",
          "equality": {"tasks": 3, "chosen_c_equal": True, "max_macro_f1_difference_points": 0.0, "agrees": True}}
 PAIR_FULL, PAIR_ANCHOR = 1e-13, 2e-13
+RIDGE_ROW, RIDGE_CUBE = 1e-12, 5e-12  # the expression part's timings follow n · w² · a + w³ · b exactly
 
 
 @pytest.fixture
@@ -74,7 +75,11 @@ def _record() -> dict:
             "parts": {"encoders": {"status": "ok", "result": {"models": models}},
                       "extraction": {"status": "ok", "result": {"input_size": 224}},
                       "probe": {"status": "ok", "result": copy.deepcopy(PROBE)},
-                      "robustness": {"status": "ok", "result": robustness}},
+                      "robustness": {"status": "ok", "result": robustness},
+                      "expression": {"status": "ok", "result": {
+                          "equality": {"agrees": True}, "source": "one design's ridge",
+                          "timings": [{"rows": n, "width": w, "seconds": n * w**2 * RIDGE_ROW + w**3 * RIDGE_CUBE}
+                                      for n, w in ((100_000, 1_280), (100_000, 2_560), (400_000, 1_280))]}}},
             "extraction_summary": {"read_patches_per_s": READ_PER_S, "read_workers": 14,
                                    "delivered_patches_per_s": 900.0, "forward_alone_patches_per_s": 1_000.0}}
 
@@ -88,7 +93,8 @@ def _write(tmp_path, record: dict, name: str = "gpu.json"):
 def test_the_merge_writes_cuda_and_leaves_the_cpu_entry_as_it_was(merge, costs, tmp_path):
     before = costs.read_text()
     notes = merge.merge(_write(tmp_path, _record()), costs)
-    assert notes == ["probe: from part probe", "robustness: from part robustness", "extract: from part encoders"]
+    assert notes == ["probe: from part probe", "robustness: from part robustness", "extract: from part encoders",
+                     "expression: from part expression"]
     after = json.loads(costs.read_text())
     cuda = after["devices"].pop("cuda")
     assert json.dumps(after, indent=2) + "\n" == before  # byte for byte
@@ -103,6 +109,9 @@ def test_the_merge_writes_cuda_and_leaves_the_cpu_entry_as_it_was(merge, costs, 
     assert cuda["probe"]["seconds_per_iteration"] == PROBE["seconds_per_iteration"]
     assert cuda["probe"]["iterations"]["median"] == [100.0] and "the cpu entry" in cuda["probe"]["source"]
     assert cuda["robustness"]["seconds_per_pair_full"] == PAIR_FULL and cuda["robustness"]["cores"] == 1
+    assert cuda["expression"]["seconds_per_row_width2"] == pytest.approx(RIDGE_ROW, rel=1e-9)
+    assert cuda["expression"]["seconds_per_width3"] == pytest.approx(RIDGE_CUBE, rel=1e-9)
+    assert cuda["expression"]["cores"] == 1
     for part in cuda.values():
         assert part["source"].startswith("gpu.json (2026-12-05, abc1234, NVIDIA H200)")
 
@@ -162,7 +171,9 @@ def _expected_seconds(tmp_path) -> dict[str, float]:
         n, width = row["n_cells"], row["width"]
         robustness += row["scorings"] * (n * n * width * PAIR_FULL if n <= params.robustness.full_max_cells
                                          else min(params.robustness.anchors, n) * n * width * PAIR_ANCHOR)
-    return {"extract": extract, "probe": probe, "robustness": robustness}
+    expression = sum(row["fits"] * (row["n_rows"] * row["width"] ** 2 * RIDGE_ROW + row["width"] ** 3 * RIDGE_CUBE)
+                     for row in expression_workload(params, specs, panel, None))
+    return {"extract": extract, "probe": probe, "robustness": robustness, "expression": expression}
 
 
 def test_the_paper_plan_prints_gpu_hours_and_the_days_on_one_8_gpu_node(merge, costs, tmp_path, at_root):
@@ -171,6 +182,7 @@ def test_the_paper_plan_prints_gpu_hours_and_the_days_on_one_8_gpu_node(merge, c
     plan = build_plan(load_params("params.yaml"), tmp_path, preset="paper", costs_path=costs)
     assert {stage: plan["not_estimated"][stage] for stage in ("extract", "probe", "robustness")} == {
         "extract": [], "probe": [], "robustness": []}
+    assert plan["not_estimated"]["expression"] == ["cpu"]  # the test's CPU costs have none
     for stage, seconds in expected.items():
         cuda = [e for e in plan["estimates"] if e["stage"] == stage and e["device"] == "cuda"]
         assert sum(e["seconds"] for e in cuda) == pytest.approx(seconds, rel=1e-9), stage
@@ -187,6 +199,7 @@ def test_the_paper_plan_prints_gpu_hours_and_the_days_on_one_8_gpu_node(merge, c
     probe_line = next(line for line in text.splitlines() if line.startswith("probe") and "cuda" in line)
     assert f"{expected['probe'] / 3600:,.1f}" in probe_line  # the GPU-hours column of the cost table
     assert "  source: gpu.json (2026-12-05, abc1234, NVIDIA H200): torch exact search" in text
-    assert "not measured, so not estimated: ingest (cpu); annotate (cpu); concordance (cpu)\n" in text  # CPU-only costs
+    assert ("not measured, so not estimated: ingest (cpu); annotate (cpu); concordance (cpu); expression (cpu)\n"
+            in text)  # the test's CPU costs price no per-section or expression stage
     four = plan_text(load_params("params.yaml"), tmp_path, preset="paper", costs_path=costs, node_gpus=4)
     assert "on one 4-GPU node" in four and f"{total_hours / 4 / 24:>8,.2f} days" in four

@@ -36,8 +36,8 @@ def _check_probe(part: dict) -> None:
 def _check_parts(record: dict) -> None:
     """Every part ran at the tiny sizes and recorded what the merge reads."""
     parts = record["parts"]
-    assert set(parts) == {"encoders", "extraction", "probe", "robustness"} and record["complete"]
-    for name in ("encoders", "extraction", "robustness"):
+    assert set(parts) == {"encoders", "extraction", "probe", "robustness", "expression"} and record["complete"]
+    for name in ("encoders", "extraction", "robustness", "expression"):
         assert parts[name]["status"] == "ok", (name, parts[name].get("error"), parts[name].get("traceback"))
     models = parts["encoders"]["result"]["models"]
     assert [m["label"] for m in models] == ["ViT-S", "ViT-L", "ViT-g"]
@@ -52,6 +52,10 @@ def _check_parts(record: dict) -> None:
     robustness = parts["robustness"]["result"]
     assert robustness["compare"]["agrees"], robustness["compare"]
     assert robustness["full"]["seconds_per_pair_feature"] > 0 and robustness["anchors"]["seconds_per_pair_feature"] > 0
+    expression = parts["expression"]["result"]
+    assert expression["equality"]["agrees"], expression["equality"]
+    assert [(t["rows"], t["width"]) for t in expression["timings"]] == [(3_000, 16), (6_000, 32)]
+    assert all(t["seconds"] > 0 for t in expression["timings"])
 
 
 def test_the_dry_run_writes_one_json_with_every_part(tmp_path):

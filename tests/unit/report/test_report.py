@@ -14,10 +14,13 @@ import pytest
 import yaml
 
 from cellpath.config import parse_params
+from cellpath.expression.summary import headline_metrics as expression_headline
+from cellpath.expression.summary import summarise as expression_summarise
 from cellpath.probing.summary import headline_metrics, run_counts, summarise
 from cellpath.probing.tasks import ERROR_KEYS
 from cellpath.report import tables
 from cellpath.report.thumbnails import crop_bounds, section_thumbnail
+from cellpath.stages.expression import write_outputs as write_expression_outputs
 from cellpath.stages.probe import write_outputs
 from cellpath.stages.report import load_inputs
 from cellpath.stages.report import run as run_report_stage
@@ -99,6 +102,33 @@ def _robustness_outputs(folder: Path) -> None:
                                                                        index=False)
 
 
+def _expression_outputs(reports: Path, protocols: tuple[str, ...] = ("is", "iocd", "mocv", "looo"),
+                        models: tuple[str, ...] = tuple(MODELS)) -> None:
+    """The expression stage's outputs, written by its own writer from a constructed run table: mean r =
+    model base / 2 + 0.05 (Nuc) + unit offset ± 0.01; r(type) = 0.2 everywhere; genes g0 (r + 0.1), g1 (r − 0.1)."""
+    rows, genes = [], []
+    for model in models:
+        base = MODELS[model]
+        for readout in ("Nuc", "Mean"):
+            for protocol in protocols:
+                for unit, organ, offset in _units(protocol):
+                    for seed, noise in enumerate((-0.01, 0.01)):
+                        r = base / 2 + 0.05 * (readout == "Nuc") + offset + noise
+                        keys = {"model": model, "magnification": "20x", "readout": readout, "protocol": protocol,
+                                "unit": unit, "organ": organ, "seed": seed}
+                        rows.append(keys | {"taxonomy": "expression", "status": "ok", "skip_reason": "",
+                                            "n_excluded_low_counts": 3, "mean_pearson": r, "mean_pearson_type": 0.2,
+                                            "mean_pearson_type_features": r + 0.05, "gain_features_over_type": r - 0.2,
+                                            "gain_type_features_over_type": r - 0.15, "mean_spearman": r,
+                                            "share_r_above": 0.5, "fit_seconds": 0.1})
+                        genes += [keys | {"gene": g, "pearson": r + d, "pearson_type": 0.2,
+                                          "pearson_type_features": r + d + 0.05} for g, d in (("g0", 0.1), ("g1", -0.1))]
+    runs, per_gene = pd.DataFrame(rows), pd.DataFrame(genes)
+    summaries = expression_summarise(runs, per_gene, ["20x"])
+    write_expression_outputs(reports, runs, per_gene, pd.DataFrame(), summaries, {},
+                             expression_headline(summaries, ["20x"]))
+
+
 def _data_outputs(data: Path) -> None:
     (data / "labels").mkdir(parents=True)
     counts = {"s1": [10, 20, 30], "s2": [5, 5, 5], "s3": [1, 2, 3], "s4": [0, 4, 4], "s5": [7, 0, 1], "s6": [2, 2, 2]}
@@ -130,6 +160,7 @@ def constructed(tmp_path_factory):
     write_outputs(root / "reports", runs, pd.DataFrame(columns=ERROR_KEYS), summaries, counts,
                   headline_metrics(runs, summaries, ["20x"]))
     _robustness_outputs(root / "reports" / "robustness")
+    _expression_outputs(root / "reports")
     _data_outputs(root / "data")
     return {"root": root, "params": params, "runs": runs}
 
@@ -182,6 +213,20 @@ def _interval(cell: str) -> tuple[float, float]:
     """The '[low, high]' at the end of a table cell."""
     low, high = cell[cell.index("[") + 1:cell.index("]")].split(",")
     return float(low), float(high)
+
+
+def test_the_expression_table_has_the_hand_values(page):
+    t = page["tables"]
+    # filterbank-dense Nuc IS: 0.25 + 0.05 + organ means of the section offsets (0.02, 0.04, 0.02) → 0.32667
+    assert _cell(t, "expression", "filterbank-dense", "IS r").startswith("0.33 ± 0.01 [")
+    assert _cell(t, "expression", "filterbank-dense", "IS r(type)") == "0.20"
+    assert _cell(t, "expression", "filterbank-dense", "IS gain") == "0.13"
+    # MOCV folds 0, 0.03, 0.06 → 0.33 ± 0.03; Nuc − Mean is 0.05 everywhere
+    assert _cell(t, "expression", "random-vit-t16", "MOCV r").startswith("0.28 ± 0.03 [")
+    assert _cell(t, "expression", "random-vit-t16", "CRA r") == "0.05 [0.05, 0.05]"
+    # every pair differs by a constant: the better model wins against each other under every protocol
+    assert _cell(t, "expression", "filterbank-dense", "LOOO wins") == "2"
+    assert (page["reports"] / "figures" / "expression_genes.png").is_file()
 
 
 def test_headline_cells_are_the_hand_values(page):
@@ -349,10 +394,13 @@ def test_a_one_protocol_one_model_run_still_gives_a_page(constructed, tmp_path):
         header = (root / "reports" / "robustness" / f"{name}.csv").read_text().splitlines()[0]
         (root / "reports" / "robustness" / f"{name}.csv").write_text(header + "\n")
     shutil.copytree(constructed["root"] / "data", root / "data")
+    _expression_outputs(root / "reports", protocols=("mocv",), models=("filterbank-dense",))
     page = run_report_stage(constructed["params"], root / "data", root / "reports", root=root).read_text()
     parser = _Tables()
     parser.feed(page)
     assert _cell(parser.tables, "headline", "filterbank-dense", "MOCV").startswith("63.00 ± 3.00 [")
+    assert _cell(parser.tables, "expression", "filterbank-dense", "MOCV r").startswith("0.33 ± 0.03 [")
+    assert "IS r" not in parser.tables["expression"][0]
     assert _cell(parser.tables, "headline", "filterbank-dense", "IS") == "–"
     assert "panel robustness: no data in this run" in page and "shortcut probe: no data in this run" in page
     # the header says what was run; the IS tables say why they are empty instead of showing bare headers

@@ -20,7 +20,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from cellpath.annotation.ontology import FINE_CLASSES, cell_type, cell_type_by_name, genes_of, map_reference_labels
-from cellpath.config import load_params
+from cellpath.config import load_params, parse_params
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM, parse_alignment_csv
 from cellpath.simulation.expression import build_panel, type_programs, xenium_counts
 from cellpath.simulation.morphology import draw_nuclei
@@ -369,3 +369,64 @@ def test_the_rgb_made_band_by_band_is_the_whole_images(band_rows):
                                   expected)
     assert banded_rng.random() == expected_rng.random()
     assert len(np.unique(expected)) > 50  # an image, not a constant
+
+
+@pytest.fixture(scope="module")
+def program_panel(tmp_path_factory) -> dict:
+    """The tiny panel's raw files simulated with the proliferation program on."""
+    root = tmp_path_factory.mktemp("program")
+    data = tiny_params().model_dump(mode="json")
+    data["synthetic"]["proliferation"] = 1.0
+    params = parse_params(data)
+    fetch_synthetic(params.synthetic, params.seed, root / "data" / "raw", root / "data" / "references")
+    return {"data_dir": root / "data"}
+
+
+def test_the_proliferation_program_shows_in_nuclei_and_cell_cycle_genes_within_a_type(program_panel):
+    """Within one type, the proliferation score grows the nucleus and raises the program's genes; a
+    type's markers follow it far less (only through the per-cell normalisation: the program's counts
+    are a larger share of a proliferating cell's total): expression the type label cannot carry,
+    visible at the nucleus."""
+    import h5py
+
+    from cellpath.simulation.expression import PROLIFERATION_GENES
+
+    tested = 0
+    for section_id in ("breast_a", "breast_b", "tonsil_a"):
+        folder = _raw(program_panel, section_id)
+        truth = pd.read_parquet(folder / "simulation_truth.parquet")
+        with h5py.File(folder / "cell_feature_matrix.h5") as f:
+            m = f["matrix"]
+            counts = sparse.csc_matrix((m["data"][:], m["indices"][:], m["indptr"][:]), shape=tuple(m["shape"][:])).T
+            names = m["features/name"][:].astype(str)
+        logged = np.log1p(counts.toarray() / np.maximum(counts.sum(1).A, 1) * 1e4)
+        program = logged[:, np.isin(names, PROLIFERATION_GENES)].mean(axis=1)
+        for name, group in truth.groupby("cell_type"):
+            if len(group) < 50 or name == "Erythrocyte":
+                continue
+            rows, p = group.index.to_numpy(), group["proliferation"].to_numpy()
+            assert np.corrcoef(p, group["nucleus_major_um"])[0, 1] > 0.1, (section_id, name)  # beside pleomorphism
+            follows = np.corrcoef(p, program[rows])[0, 1]
+            assert follows > 0.3, (section_id, name)
+            markers = np.isin(names, genes_of(cell_type(name).primary_markers))
+            assert abs(np.corrcoef(p, logged[rows][:, markers].mean(axis=1))[0, 1]) < follows, (section_id, name)
+            tested += 1
+    assert tested >= 3
+    assert 0.0 <= truth["proliferation"].min() and truth["proliferation"].max() <= 1.0
+
+
+def test_no_program_leaves_every_other_draw_as_it_was():
+    """Strength 0 gives scores of 0 and exactly the counts drawn without the program: the program's
+    own stream moves no other draw."""
+    from cellpath.simulation.expression import proliferation_scores
+
+    panel = build_panel(240)
+    programs = type_programs(panel.genes, np.random.default_rng(1))
+    rng = np.random.default_rng(2)
+    types = rng.choice(sorted(programs), 300)
+    xy_um, cell_area = rng.uniform(0, 400, (300, 2)), rng.uniform(30, 120, 300)
+    scores = proliferation_scores(300, 0.0, np.random.default_rng(9))
+    assert not scores.any()
+    with_zero = xenium_counts(types, xy_um, cell_area, programs, panel, np.random.default_rng(3), proliferation=scores)
+    without = xenium_counts(types, xy_um, cell_area, programs, panel, np.random.default_rng(3))
+    np.testing.assert_array_equal(with_zero.toarray(), without.toarray())
