@@ -41,8 +41,9 @@ install: $(STAMP) $(STARTUP_FILES)
 run: install
 	$(BIN)/dvc repro
 
+# --durations: the slowest tests in every run's log, CI's included (the suite's 15-minute budget)
 test: install
-	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
+	@HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
 
 test-fast: install
