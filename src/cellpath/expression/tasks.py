@@ -22,14 +22,13 @@ from cellpath.expression.plan import (GENE_COLUMNS, RUN_COLUMNS, ExpressionRun, 
                                       type_design)
 from cellpath.expression.summary import expression_runs
 from cellpath.features.encoders.registry import EncoderSpec
-from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids
+from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids, feature_block_tasks
 from cellpath.features.readouts import readout_available
-from cellpath.features.store import artifact_dir
-from cellpath.io.layout import features_dir, shard_table
+from cellpath.io.layout import shard_table
 from cellpath.probing.plan import class_codes
 from cellpath.runtime.code_deps import stage_fingerprint
 from cellpath.runtime.executor import Task, thread_settings
-from cellpath.runtime.shards import file_fingerprint, read_context, shard_task, work_dir, write_context
+from cellpath.runtime.shards import read_context, work_dir, write_context
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +63,8 @@ def expression_tasks(params: Params, data_dir: Path, panel: PanelCells, expressi
              "expression": cfg.model_dump(mode="json"), "expression_data": _expression_digest(expression),
              "is_patch_grids": sorted({spec.input_size for spec in encoders})}
     context = write_context(work, "expression", basis, (panel, expression, plans))
-    features = features_dir(data_dir).resolve()
-    tasks = []
-    for spec in encoders:
-        if not any(readout_available(spec, readout) for readout in cfg.readouts):
-            continue
-        for magnification in magnifications:
-            inputs = file_fingerprint([artifact_dir(features, spec.slug, magnification, section_id)
-                                       for section_id in panel.rows_in_section])
-            material = basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
-                                "features": inputs}
-            tasks.append(shard_task("expression", f"{spec.slug} {magnification}", material, expression_shard,
-                                    (context, features, spec, magnification, cfg), work, gpu=cfg.device == "cuda"))
+    tasks = feature_block_tasks("expression", basis, context, data_dir, panel, encoders, magnifications,
+                                cfg.readouts, expression_shard, cfg, work, gpu=cfg.device == "cuda")
     return context, tasks
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +19,13 @@ import numpy as np
 import pandas as pd
 
 from cellpath.errors import InputError
-from cellpath.features.readouts import compose_readout, readout_bases
+from cellpath.features.encoders.registry import EncoderSpec
+from cellpath.features.readouts import compose_readout, readout_available, readout_bases
 from cellpath.features.store import artifact_dir, cell_order_digest, open_artifact, read_sidecar
-from cellpath.io.layout import panels_csv, section_labels
+from cellpath.io.layout import features_dir, panels_csv, section_labels
 from cellpath.io.sections import read_section_index, read_section_obs
+from cellpath.runtime.executor import Task
+from cellpath.runtime.shards import file_fingerprint, shard_task
 
 log = logging.getLogger(__name__)
 
@@ -204,3 +208,25 @@ def encoder_patch_ids(data_dir: Path, panel: PanelCells, input_size: int, magnif
                                         input_size=input_size)
         parts.append(np.char.add(f"{section_id}:", placement.patch_index[rows].astype(str)))
     return np.concatenate(parts) if parts else np.array([], dtype=str)
+
+
+def feature_block_tasks(stage: str, basis: dict, context: Path, data_dir: Path, panel: PanelCells,
+                        encoders: list[EncoderSpec], magnifications: list[str], readouts: list[str],
+                        body: Callable[..., None], cfg: object, work: Path, *, gpu: bool) -> list[Task]:
+    """One shard task per (encoder, magnification) with at least one of ``readouts`` available, as the
+    probe and expression stages make them: ``body(out, context, features, spec, magnification, cfg)``,
+    keyed by ``basis`` plus the encoder's registry row, the magnification and a fingerprint of the
+    panel sections' feature files (so a shard is reused only for exactly these features)."""
+    features = features_dir(data_dir).resolve()
+    tasks = []
+    for spec in encoders:
+        if not any(readout_available(spec, readout) for readout in readouts):
+            continue
+        for magnification in magnifications:
+            inputs = file_fingerprint([artifact_dir(features, spec.slug, magnification, section_id)
+                                       for section_id in panel.rows_in_section])
+            material = basis | {"encoder": spec.model_dump(mode="json"), "magnification": magnification,
+                                "features": inputs}
+            tasks.append(shard_task(stage, f"{spec.slug} {magnification}", material, body,
+                                    (context, features, spec, magnification, cfg), work, gpu=gpu))
+    return tasks
