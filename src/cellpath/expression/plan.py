@@ -9,8 +9,10 @@ standardised by the training cells alone (``ridge.fit_path``): nothing the run i
 either (tested).
 
 Each run is fitted from three designs (``DESIGNS``): the model's ``features``; the cell's transferred
-Tfine ``type`` (one-hot), which no model changes; and ``type+features``. r(features) against r(type)
-says how much of the measured expression the features decode beyond what the type label carries.
+Tfine ``type`` (one-hot), which no model changes; and ``type+features``: each type's training mean,
+unpenalised, plus the ridge of the features on each cell's deviation from its type's mean
+(``ridge.fit_path``'s absorbed groups). r(type+features) − r(type), the gain, is what the features
+decode beyond what the type label carries; r(features) against r(type) compares them alone.
 """
 
 from __future__ import annotations
@@ -93,38 +95,36 @@ def plan_expression_runs(cells: pd.DataFrame, expression: PanelExpression, proto
     return runs
 
 
-class _Concatenated:
-    """Two row sources side by side (the type+features design)."""
+@dataclass(frozen=True)
+class CellTypes:
+    """Each panel cell's transferred Tfine type as a code in 0..``n_types``-1 (the type designs)."""
 
-    def __init__(self, left: RowSource, right: RowSource) -> None:
-        self.left, self.right = left, right
+    codes: np.ndarray
+    n_types: int
 
-    @property
-    def width(self) -> int:
-        return self.left.width + self.right.width
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        return np.hstack([self.left.take(rows), self.right.take(rows)])
-
-
-def type_design(types: np.ndarray, n_types: int) -> InMemoryRows:
-    """One-hot rows (cells × n_types, float32) of each cell's type code."""
-    one_hot = np.zeros((len(types), n_types), dtype=np.float32)
-    one_hot[np.arange(len(types)), types] = 1.0
-    return InMemoryRows(one_hot)
+    def one_hot(self) -> InMemoryRows:
+        """One-hot rows (cells × n_types, float32): the design of the type alone."""
+        one_hot = np.zeros((len(self.codes), self.n_types), dtype=np.float32)
+        one_hot[np.arange(len(self.codes)), self.codes] = 1.0
+        return InMemoryRows(one_hot)
 
 
-def _fit_design(design: RowSource, run: ExpressionRun, targets: dict[str, np.ndarray], cfg: ExpressionConfig
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One design's chosen penalty, Pearson and Spearman r per gene of the run."""
-    path = fit_path(design, run.train, targets["train"], device=cfg.device, read_rows=cfg.read_rows)
-    errors = validation_errors(path, design, run.val, targets["val"], cfg.penalties, read_rows=cfg.read_rows)
+def _fit_design(design: RowSource, run: ExpressionRun, targets: dict[str, np.ndarray], cfg: ExpressionConfig,
+                types: CellTypes | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One design's chosen penalty, Pearson and Spearman r per gene of the run; with ``types``, each
+    type's mean absorbed unpenalised (the type+features design: ``ridge.fit_path``'s groups)."""
+    codes = {part: None if types is None else types.codes[getattr(run, part)] for part in ("train", "val", "test")}
+    path = fit_path(design, run.train, targets["train"], groups=codes["train"],
+                    n_groups=0 if types is None else types.n_types, device=cfg.device, read_rows=cfg.read_rows)
+    errors = validation_errors(path, design, run.val, targets["val"], cfg.penalties, groups=codes["val"],
+                               read_rows=cfg.read_rows)
     penalties = choose_penalties(errors, cfg.penalties)
-    predicted = predict(path, path.coefficients(penalties), design, run.test, read_rows=cfg.read_rows)
+    predicted = predict(path, path.coefficients(penalties), design, run.test, groups=codes["test"],
+                        read_rows=cfg.read_rows)
     return penalties, pearson_columns(predicted, targets["test"]), spearman_columns(predicted, targets["test"])
 
 
-def fit_run(features: RowSource, types: RowSource, expression: PanelExpression, run: ExpressionRun,
+def fit_run(features: RowSource, types: CellTypes, expression: PanelExpression, run: ExpressionRun,
             cfg: ExpressionConfig) -> tuple[dict, pd.DataFrame]:
     """A run's row (``RUN_COLUMNS`` less the model keys) and per-gene table (``GENE_COLUMNS``)."""
     base = run.keys | {"n_train": len(run.train), "n_val": len(run.val), "n_test": len(run.test),
@@ -134,10 +134,10 @@ def fit_run(features: RowSource, types: RowSource, expression: PanelExpression, 
     started = time.perf_counter()
     genes = list(run.genes["gene"])
     targets = {part: expression.targets(getattr(run, part), genes) for part in ("train", "val", "test")}
-    designs = {"features": features, "type": types, "type+features": _Concatenated(types, features)}
+    designs = {"features": (features, None), "type": (types.one_hot(), None), "type+features": (features, types)}
     row, per_gene = base | {"status": "ok", "skip_reason": ""}, run.genes[["gene", "rank", "dispersion_norm"]].copy()
-    for name, design in designs.items():
-        penalties, pearson, spearman = _fit_design(design, run, targets, cfg)
+    for name, (design, absorbed) in designs.items():
+        penalties, pearson, spearman = _fit_design(design, run, targets, cfg, absorbed)
         suffix = DESIGN_SUFFIX[name]
         row |= {f"{key}{suffix}": value for key, value in run_scores(pearson, spearman).items()}
         per_gene[f"pearson{suffix}"], per_gene[f"spearman{suffix}"] = pearson, spearman
@@ -148,7 +148,7 @@ def fit_run(features: RowSource, types: RowSource, expression: PanelExpression, 
     return row, per_gene.assign(**run.keys)[GENE_COLUMNS]
 
 
-def fit_runs(features: RowSource, types: RowSource, expression: PanelExpression, runs: list[ExpressionRun],
+def fit_runs(features: RowSource, types: CellTypes, expression: PanelExpression, runs: list[ExpressionRun],
              cfg: ExpressionConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every run of one feature source: the run rows and the per-gene rows, in run order."""
     fitted = [fit_run(features, types, expression, run, cfg) for run in runs]

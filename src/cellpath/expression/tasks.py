@@ -18,8 +18,8 @@ import pandas as pd
 
 from cellpath.config import Params
 from cellpath.expression.panel import PanelExpression
-from cellpath.expression.plan import (GENE_COLUMNS, RUN_COLUMNS, ExpressionRun, fit_runs, plan_expression_runs,
-                                      type_design)
+from cellpath.expression.plan import (GENE_COLUMNS, RUN_COLUMNS, CellTypes, ExpressionRun, fit_runs,
+                                      plan_expression_runs)
 from cellpath.expression.summary import expression_runs
 from cellpath.features.encoders.registry import EncoderSpec
 from cellpath.features.panel import PanelCells, PanelFeatures, encoder_patch_ids, feature_block_tasks
@@ -82,7 +82,7 @@ def expression_shard(out: Path, context: Path, features: Path, spec: EncoderSpec
     panel, expression, plans = read_context(context)
     base = PanelFeatures(features, spec.slug, magnification, panel)
     codes, names = class_codes(panel.cells["fine"])
-    types = type_design(codes, len(names))
+    types = CellTypes(codes, len(names))
     run_frames, gene_frames = [], []
     for readout in cfg.readouts:
         if not readout_available(spec, readout):

@@ -1,6 +1,7 @@
 """The report's expression-probe section: per model, how much of each cell's measured expression its
 features decode (mean Pearson r per protocol with its interval), how much the transferred type alone
-decodes, the gain of the features over the type, and the expression CRA (Nuc − Mean); and the genes ×
+decodes, what the type and the features decode together and the gain of that over the type, and the
+expression CRA (Nuc − Mean); and the genes ×
 models matrix of r that the heatmap draws. Pure: ``reports/expression/*.csv`` in, frames out."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ HEATMAP_GENES = 30  # genes shown in the heatmap: those with the highest r avera
 
 def expression_table(summary: pd.DataFrame, cra: pd.DataFrame, wins: pd.DataFrame, magnification: str) -> pd.DataFrame:
     """Per model at ``magnification`` and the headline readout: per protocol '<P> r' (mean, sd, low,
-    high across the balanced units), '<P> r(type)', '<P> gain' (features over type) and '<P> wins'
+    high across the balanced units), '<P> r(type)', '<P> r(type+features)', '<P> gain' (r(type+features) −
+    r(type): what the features add to the type) and '<P> wins'
     (paired Wilcoxon on mean r); 'CRA r' (Nuc − Mean) with its interval."""
     chosen = summary[(summary["magnification"] == magnification) & (summary["readout"] == HEADLINE_READOUT)]
     frame = pd.DataFrame(index=pd.Index(sorted(chosen["model"].unique()), name="model"))
@@ -27,7 +29,8 @@ def expression_table(summary: pd.DataFrame, cra: pd.DataFrame, wins: pd.DataFram
             continue
         for part in ("mean", "sd", "low", "high"):
             frame[f"{label} r {part}"] = features[part].reindex(frame.index)
-        for metric, column in (("mean_pearson_type", "r(type)"), ("gain_features_over_type", "gain")):
+        for metric, column in (("mean_pearson_type", "r(type)"), ("mean_pearson_type_features", "r(type+features)"),
+                               ("gain_type_features_over_type", "gain")):
             frame[f"{label} {column}"] = mine[mine["metric"] == metric].set_index("model")["mean"].reindex(frame.index)
         frame[f"{label} wins"] = won[won["protocol"] == protocol].set_index("model")["wins"].reindex(frame.index)
     pooled = cra[cra["magnification"] == magnification].set_index("model")

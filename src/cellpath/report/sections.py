@@ -59,7 +59,8 @@ def _expression_tables(inputs: ReportInputs, headline: str) -> Built:
         "Per model and protocol: mean Pearson r over the run's genes (its 50 most variable on its training cells) "
         "between the predicted and the measured log-normalised expression of the test cells, mean ± SD across the "
         "balanced units [95% interval]; r(type): the same ridge from the cell's transferred Tfine label alone (no "
-        "model); gain: r(features) − r(type), what the features decode beyond the type; wins: paired Wilcoxon on "
+        "model); r(type+features): each type's mean plus the ridge of the features on the cell's deviation from "
+        "it; gain: r(type+features) − r(type), what the features decode beyond the type; wins: paired Wilcoxon on "
         "mean r over (unit, seed); CRA r: IS Nuc − Mean (docs/decisions/0049).",
         numeric, percent_pairs=False, percent_columns=())}
 

@@ -11,7 +11,7 @@ from scipy import sparse
 
 from cellpath.config import ExpressionConfig, ProbeConfig
 from cellpath.expression.panel import PanelExpression
-from cellpath.expression.plan import RUN_COLUMNS, fit_run, fit_runs, plan_expression_runs, type_design
+from cellpath.expression.plan import RUN_COLUMNS, CellTypes, fit_run, fit_runs, plan_expression_runs
 from cellpath.expression.targets import counted_cells, log_normalised
 from cellpath.probing.fit import InMemoryRows
 from cellpath.probing.plan import plan_runs
@@ -79,7 +79,7 @@ def test_gene_selection_and_standardisation_see_the_training_cells_only():
     changed = next(r for r in trained if (r.unit, r.seed) == (run.unit, run.seed))
     assert not changed.genes.equals(run.genes)  # training cells moved: the genes follow them
     # the test cells' expression enters the scores only, never the fit: the same chosen penalties
-    x, t = InMemoryRows(features), type_design(types, 3)
+    x, t = InMemoryRows(features), CellTypes(types, 3)
     _, genes = fit_run(x, t, expression, run, CFG)
     _, genes_moved = fit_run(x, t, moved(run.test), run, CFG)
     penalty_columns = [c for c in genes.columns if c.startswith("penalty")]
@@ -90,7 +90,7 @@ def test_gene_selection_and_standardisation_see_the_training_cells_only():
 def test_features_beat_the_type_on_program_genes_and_not_on_type_genes():
     cells, expression, features, types = _panel(2)
     runs = plan_expression_runs(cells, expression, "looo", PROBE, CFG)
-    rows, genes = fit_runs(InMemoryRows(features), type_design(types, 3), expression, runs, CFG)
+    rows, genes = fit_runs(InMemoryRows(features), CellTypes(types, 3), expression, runs, CFG)
     assert list(rows.columns) == RUN_COLUMNS and (rows["status"] == "ok").all()
     by_gene = genes.groupby(genes["gene"].str.extract(r"^([a-z]+)")[0])[["pearson", "pearson_type"]].mean()
     assert by_gene.loc["prog", "pearson"] > by_gene.loc["prog", "pearson_type"] + 0.2
@@ -103,8 +103,8 @@ def test_features_beat_the_type_on_program_genes_and_not_on_type_genes():
 def test_no_score_depends_on_the_rows_read_at_a_time(read_rows):
     cells, expression, features, types = _panel(3)
     runs = plan_expression_runs(cells, expression, "mocv", PROBE, CFG)
-    reference = fit_runs(InMemoryRows(features), type_design(types, 3), expression, runs, CFG)
-    other = fit_runs(InMemoryRows(features), type_design(types, 3), expression, runs,
+    reference = fit_runs(InMemoryRows(features), CellTypes(types, 3), expression, runs, CFG)
+    other = fit_runs(InMemoryRows(features), CellTypes(types, 3), expression, runs,
                      CFG.model_copy(update={"read_rows": read_rows}))
     for ours, theirs in zip(reference, other):
         pd.testing.assert_frame_equal(ours.drop(columns=["fit_seconds"], errors="ignore"),
@@ -116,6 +116,6 @@ def test_a_run_without_a_shared_gene_is_skipped_and_kept():
     split_genes = {s: frozenset({"type0"}) if s.startswith("a") else frozenset({"type1"})
                    for s in expression.section_genes}
     runs = plan_expression_runs(cells, dataclasses.replace(expression, section_genes=split_genes), "mocv", PROBE, CFG)
-    rows, _ = fit_runs(InMemoryRows(features), type_design(types, 3), expression, runs, CFG)
+    rows, _ = fit_runs(InMemoryRows(features), CellTypes(types, 3), expression, runs, CFG)
     assert (rows["status"] == "skipped").any()
     assert rows.loc[rows["status"] == "skipped", "skip_reason"].str.contains("no gene measured").all()

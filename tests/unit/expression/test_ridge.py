@@ -128,3 +128,51 @@ def test_too_few_rows_are_refused():
     with pytest.raises(ValueError, match="at least 2 training rows"):
         fit_path(InMemoryRows(x), np.array([0]), y[:1])
 
+
+
+def _partially_penalised(xs: np.ndarray, ys: np.ndarray, groups: np.ndarray, n_groups: int, alpha: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(W, A) of min ‖Y − TA − XW‖² + α‖W‖² with the one-hot groups T unpenalised, by scipy's least
+    squares on the stacked system [[X, T], [√α I, 0]] (no Frisch–Waugh–Lovell, no within-group centring)."""
+    from scipy.linalg import lstsq
+
+    one_hot = np.eye(n_groups)[groups]
+    d = xs.shape[1]
+    design = np.block([[xs, one_hot], [np.sqrt(alpha) * np.eye(d), np.zeros((d, n_groups))]])
+    solution = lstsq(design, np.vstack([ys, np.zeros((d, ys.shape[1]))]))[0]
+    return solution[:d], solution[d:]
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_absorbed_groups_are_the_partially_penalised_least_squares(seed):
+    """Each group's mean unpenalised, the features penalised: coefficients, validation errors and
+    predictions equal scipy's least squares of the whole problem, streamed or not; a group without
+    training rows is predicted from the overall mean."""
+    x, y = _problem(seed, n=2500, d=24, g=4)
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(0, 5, len(x))
+    groups[groups == 4] = 3  # group 4 has no rows at all
+    y = y + 3.0 * np.array([0.0, 1.0, -2.0, 0.5, 9.0])[groups, None]  # group means the features do not carry
+    order = rng.permutation(len(x))
+    train, val = order[:1500], order[1500:]
+    xs, ys = StandardScaler().fit(x[train].astype(np.float64)), StandardScaler().fit(y[train])
+    x_train, y_train = xs.transform(x[train].astype(np.float64)), ys.transform(y[train])
+    for read_rows in (ACCUMULATE_ROWS, 8 * ACCUMULATE_ROWS):
+        path = fit_path(InMemoryRows(x), train, y[train], groups=groups[train], n_groups=5, read_rows=read_rows)
+        errors = validation_errors(path, InMemoryRows(x), val, y[val], GRID, groups=groups[val], read_rows=read_rows)
+        for i, lam in enumerate(GRID):
+            weights, means = _partially_penalised(x_train, y_train, groups[train], 4, lam * len(train))
+            ours = path.coefficients(np.full(y.shape[1], lam))
+            np.testing.assert_allclose(ours, weights, rtol=1e-6, atol=1e-9 * np.abs(weights).max())
+            expected = xs.transform(x[val].astype(np.float64)) @ weights + means[groups[val]]
+            np.testing.assert_allclose(errors[i], ((expected - ys.transform(y[val])) ** 2).sum(axis=0), rtol=1e-8)
+            predicted = predict(path, ours, InMemoryRows(x), val, groups=groups[val], read_rows=read_rows)
+            np.testing.assert_allclose(predicted, expected, rtol=1e-7, atol=1e-9)
+    np.testing.assert_array_equal(path.group_targets[4], 0.0)  # no training rows: the overall mean
+    unseen = predict(path, path.coefficients(np.full(y.shape[1], 1.0)), InMemoryRows(x), val[:3],
+                     groups=np.full(3, 4))
+    scaler = path.standardiser
+    overall = (x[val[:3]].astype(np.float64) - scaler.feature_mean) / scaler.feature_sd
+    np.testing.assert_allclose(unseen, overall @ path.coefficients(np.full(y.shape[1], 1.0)), rtol=1e-9)
+    with pytest.raises(ValueError, match="group codes"):
+        standardised(path, x[val[:3]])

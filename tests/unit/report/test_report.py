@@ -220,7 +220,8 @@ def test_the_expression_table_has_the_hand_values(page):
     # filterbank-dense Nuc IS: 0.25 + 0.05 + organ means of the section offsets (0.02, 0.04, 0.02) → 0.32667
     assert _cell(t, "expression", "filterbank-dense", "IS r").startswith("0.33 ± 0.01 [")
     assert _cell(t, "expression", "filterbank-dense", "IS r(type)") == "0.20"
-    assert _cell(t, "expression", "filterbank-dense", "IS gain") == "0.13"
+    assert _cell(t, "expression", "filterbank-dense", "IS r(type+features)") == "0.38"  # r + 0.05
+    assert _cell(t, "expression", "filterbank-dense", "IS gain") == "0.18"  # r(type+features) − r(type)
     # MOCV folds 0, 0.03, 0.06 → 0.33 ± 0.03; Nuc − Mean is 0.05 everywhere
     assert _cell(t, "expression", "random-vit-t16", "MOCV r").startswith("0.28 ± 0.03 [")
     assert _cell(t, "expression", "random-vit-t16", "CRA r") == "0.05 [0.05, 0.05]"
