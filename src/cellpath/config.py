@@ -120,8 +120,9 @@ class SyntheticConfig(_Strict):
     registration_jitter_um: JitterRange = (1.0, 3.0)
     morphology_strength: UnitRange = (0.75, 1.0)
     stain_variation: Annotated[Float, Field(ge=0.0, le=3.0)] = 1.0
-    #: strength of the within-type proliferation program (cellpath.simulation.expression): 0 = none, the
-    #: panel exactly as simulated without it
+    #: strength of the within-type proliferation program (cellpath.simulation.expression), in the
+    #: sections and the references alike: 0 = none, the panel exactly as simulated without it (the default
+    #: run's params.yaml sets 1)
     proliferation: Annotated[Float, Field(ge=0.0, le=1.0)] = 0.0
     #: the sections to simulate: a list, or in params.yaml the path of a YAML file holding that list
     #: (relative to the working directory, like every path in params; read by :func:`params_problems`)

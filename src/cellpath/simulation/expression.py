@@ -190,6 +190,7 @@ def reference_counts(
     dropped_fraction: float = 0.05,
     n_extra_genes: int = 60,
     donor_effect: float = 0.4,
+    proliferation: np.ndarray | None = None,
 ) -> tuple[sparse.csr_matrix, tuple[str, ...]]:
     """scRNA-seq counts for reference cells and the reference's own gene list.
 
@@ -197,7 +198,9 @@ def reference_counts(
     a whole-transcriptome reference measures every marker; panel genes it lacks are typically
     naming mismatches of uncharacterised genes), measures ``n_extra_genes`` the panel lacks, has a per-gene platform capture bias, a per-type
     donor effect (lognormal, σ = ``donor_effect``: the reference comes from other patients),
-    higher depth and dropout.
+    higher depth and dropout. ``proliferation``: each reference cell's score p, whose program rates
+    (:func:`proliferation_rates`, through the same capture bias) are added to its type's — the
+    reference's cycling cells are of every type, as in a real atlas.
     """
     markers = set(all_marker_genes())
     droppable = np.array([i for i, g in enumerate(panel_genes) if g not in markers], dtype=int)
@@ -210,6 +213,8 @@ def reference_counts(
     donor = {t: rng.lognormal(0.0, donor_effect, len(keep)) for t in np.unique(cell_type)}
     extra_programs = {t: rng.lognormal(np.log(0.05), 1.0, n_extra_genes) for t in np.unique(cell_type)}
     rates = np.stack([np.concatenate([programs[t][keep] * donor[t] * capture, extra_programs[t]]) for t in cell_type])
+    if proliferation is not None:
+        rates[:, :len(keep)] += proliferation[:, None] * (proliferation_rates(panel_genes)[keep] * capture)[None, :]
     size = rng.lognormal(0.0, 0.45, len(cell_type))
     rates = rates / rates.sum(axis=1, keepdims=True) * (depth * size)[:, None]
     counts = rng.poisson(rates * rng.gamma(3.0, 1.0 / 3.0, rates.shape))

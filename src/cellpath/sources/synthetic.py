@@ -193,7 +193,10 @@ def simulate_reference(organ: str, config: SyntheticConfig, seed: int, panel: Ge
     types = organ_cell_types(organ)
     sizes = np.maximum(5, np.round(config.reference_cells_per_type * rng.uniform(0.5, 1.5, len(types)))).astype(int)
     labels = np.repeat(np.array(types, dtype=object), sizes)
-    counts, genes = reference_counts(labels, programs, panel.genes, rng)
+    proliferation = proliferation_scores(len(labels), config.proliferation,
+                                         _rng(seed, "proliferation", REFERENCE_STREAM, organ))
+    counts, genes = reference_counts(labels, programs, panel.genes, rng,
+                                     proliferation=proliferation if config.proliferation > 0 else None)
     atlas_names = inverse_aliases(REFERENCE_VOCABULARY)
     obs = pd.DataFrame({
         "cell_type": pd.Categorical([atlas_names[t] for t in labels]),
