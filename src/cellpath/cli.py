@@ -155,6 +155,13 @@ def _plan(args: argparse.Namespace) -> None:
               pilot=Path(args.pilot) if args.pilot else None, anchors=args.anchors))
 
 
+def _register(args: argparse.Namespace) -> None:
+    from cellpath.commands.register import register_section
+    from cellpath.config import load_params
+
+    register_section(Path(args.folder), load_params(args.params).concordance)
+
+
 def _export(args: argparse.Namespace) -> None:
     from cellpath.commands.export import run
     from cellpath.config import load_params
@@ -213,6 +220,8 @@ STAGES: dict[str, tuple[Callable[[argparse.Namespace], None], str]] = {
     "plan": (_plan, "sections, cells, patches, feature bytes, probe runs and estimated time for the params (or the paper's)"),
     "export": (_export, "write data/exports/ for scverse tools: per section a SpatialData (H&E aligned to µm, nucleus "
                         "boundaries, labels) for napari-spatialdata, per encoder the features as AnnData"),
+    "register": (_register, "register a raw section's H&E to its Xenium nuclei from any starting pose: writes "
+                            "10x's he_imagealignment.csv, or a proposal beside a given one, and a JSON record"),
     "references": (_references, "list the paper's scRNA-seq references (data/manifests/references.csv) or build "
                                 "one: its downloaded files → data/references/<name>.h5ad for annotate"),
     "encoders": (_encoders, "list the registry's encoders and their weights, or check one: build it, load its weights "
@@ -242,6 +251,18 @@ def _references_arguments(parser: argparse.ArgumentParser) -> None:
                                                          "layers/<name> (default: raw.X, else layers/counts, else X)")
     parser.add_argument("--gene-symbols", help="build, h5ad: the var column of gene symbols (default: "
                                                "feature_name, gene_symbols or gene_symbol for Ensembl ids)")
+
+
+def _export_arguments(stage: argparse.ArgumentParser) -> None:
+    stage.add_argument("--sections", nargs="+", metavar="SECTION", help="section ids (default: every "
+                                                                       "ingested section)")
+    stage.add_argument("--encoder", action="append", help="registry slug or name, repeatable (default: "
+                                                          "every extract.encoders entry)")
+    stage.add_argument("--magnification", action="append", help="40x, 20x or 10x, repeatable (default: "
+                                                                "every extract.magnifications entry)")
+    stage.add_argument("--he-downsample", type=int, default=1, metavar="N",
+                       help="copy the H&E coarsened N× (block mean) to save disk (default: full resolution)")
+    stage.add_argument("--no-images", action="store_true", help="write only the embedding AnnData")
 
 
 PRESET_HELP = {
@@ -294,16 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "of models/<slug>/ and the Hugging Face cache")
         if name == "references":
             _references_arguments(stage)
+        if name == "register":
+            stage.add_argument("folder", help="the raw section folder (Xenium outputs, H&E OME-TIFF, section.json)")
         if name == "export":
-            stage.add_argument("--sections", nargs="+", metavar="SECTION", help="section ids (default: every "
-                                                                               "ingested section)")
-            stage.add_argument("--encoder", action="append", help="registry slug or name, repeatable (default: "
-                                                                  "every extract.encoders entry)")
-            stage.add_argument("--magnification", action="append", help="40x, 20x or 10x, repeatable (default: "
-                                                                        "every extract.magnifications entry)")
-            stage.add_argument("--he-downsample", type=int, default=1, metavar="N",
-                               help="copy the H&E coarsened N× (block mean) to save disk (default: full resolution)")
-            stage.add_argument("--no-images", action="store_true", help="write only the embedding AnnData")
+            _export_arguments(stage)
         if name == "plan":
             stage.add_argument("--costs", default=str(COSTS_PATH),
                                help="the cost model (default: the one stored with the code, measured by "

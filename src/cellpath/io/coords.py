@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from cellpath.errors import InputError
+from cellpath.io.atomic import atomic_output
 
 XENIUM_PIXEL_SIZE_UM = 0.2125
 
@@ -146,3 +147,17 @@ def um_to_he_px(xy_um: np.ndarray, alignment: np.ndarray, pixel_size_um: float =
     homogeneous = np.column_stack([morph, np.ones(len(morph))])
     he = homogeneous @ np.linalg.inv(alignment).T
     return he[:, :2]
+
+
+def write_alignment_csv(path: Path, matrix: np.ndarray) -> None:
+    """Write a 3×3 affine (H&E level-0 px → morphology px) as 10x's alignment CSV: three rows of three
+    comma-separated numbers, no header, each as Python's shortest round-trip repr (what
+    :func:`read_alignment`, spatialdata-io and Xenium Explorer read back to the same matrix). Written
+    whole or not at all."""
+    from cellpath.io.atomic import atomic_output
+
+    matrix = np.asarray(matrix, dtype=float)
+    if matrix.shape != (3, 3) or not np.all(np.isfinite(matrix)):
+        raise ValueError(f"an alignment must be a finite 3×3 matrix, got shape {matrix.shape}")
+    with atomic_output(path) as tmp:
+        tmp.write_text("\n".join(",".join(repr(float(v)) for v in row) for row in matrix) + "\n")

@@ -49,7 +49,7 @@ class Bundle:
     section_id: str
     folder: Path
     he_image: Path
-    he_alignment: Path
+    he_alignment: Path | None  # None only where the bundle was located for registration
     metadata: dict
 
     def file(self, name: str) -> Path:
@@ -64,8 +64,10 @@ def _single(folder: Path, pattern: str, section: str, what: str) -> Path:
     return matches[0]
 
 
-def locate_bundle(folder: Path) -> Bundle:
-    """Check that a raw section folder holds every file ingest needs; read its section.json."""
+def locate_bundle(folder: Path, require_alignment: bool = True) -> Bundle:
+    """Check that a raw section folder holds every file ingest needs; read its section.json. Without
+    ``require_alignment`` (registration), a folder with no alignment file is accepted (more than one
+    is still refused)."""
     folder = Path(folder)
     meta_path = folder / "section.json"
     section = folder.name
@@ -84,7 +86,9 @@ def locate_bundle(folder: Path) -> Bundle:
         if not path.is_file() or path.stat().st_size == 0:
             raise InputError(f"{name} is missing or empty; re-download the bundle", path=path, section=section)
     he_image = _single(folder, "*he_image.ome.tif", section, "registered H&E image")
-    he_alignment = _single(folder, "*he_imagealignment.csv", section, "H&E alignment file")
+    alignments = sorted(folder.glob("*he_imagealignment.csv"))
+    he_alignment = None if not alignments and not require_alignment else _single(
+        folder, "*he_imagealignment.csv", section, "H&E alignment file")
     return Bundle(section, folder, he_image, he_alignment, metadata)
 
 
@@ -170,7 +174,7 @@ FROM_SUMMARY = "cells.zarr.zip cell_summary"
 FROM_BOUNDARIES = "nucleus_boundaries.parquet polygons (largest nucleus of each cell)"
 
 
-def _read_nucleus_centroids(bundle: Bundle) -> tuple[pd.DataFrame, str]:
+def read_nucleus_centroids(bundle: Bundle) -> tuple[pd.DataFrame, str]:
     """Nucleus centroids (µm) per cell id, and where they came from: cells.zarr.zip's cell_summary,
     or nucleus_boundaries.parquet when the summary has no nucleus centroid columns."""
     path = bundle.file("cells.zarr.zip")
@@ -337,7 +341,7 @@ def _tiff_truncation(path: Path) -> str | None:
     return None
 
 
-def _read_he_geometry(bundle: Bundle) -> tuple[float, tuple[int, int]]:
+def read_he_geometry(bundle: Bundle) -> tuple[float, tuple[int, int]]:
     """mpp (µm/px) and level-0 (width, height) of the H&E.
 
     tiatoolbox reads the OME-XML PhysicalSizeX/Y; when that is absent, the TIFF resolution tags are
@@ -397,7 +401,7 @@ def _read_cells(bundle: Bundle) -> tuple[pd.DataFrame, pd.DataFrame]:
             f"cell ids of cells.parquet ({len(cells)}) do not match the barcodes of cell_feature_matrix.h5 "
             f"({len(barcodes)}; {unmatched} ids in only one of them, or a different order); the files come from "
             "different runs", path=bundle.file("cells.parquet"), section=section)
-    nuclei, source = _read_nucleus_centroids(bundle)
+    nuclei, source = read_nucleus_centroids(bundle)
     if not np.array_equal(nuclei["cell_id"].to_numpy(), cells["cell_id"].to_numpy()):
         raise InputError("cell ids of cells.zarr.zip do not match cells.parquet", path=bundle.file("cells.zarr.zip"),
                          section=section)
@@ -420,7 +424,7 @@ def build_section_table(bundle: Bundle):
     experiment = _read_experiment(bundle)
     cells, nuclei = _read_cells(bundle)
     alignment, kind = read_alignment(bundle.he_alignment, section)
-    he_mpp, (width, height) = _read_he_geometry(bundle)
+    he_mpp, (width, height) = read_he_geometry(bundle)
     pixel_size = float(experiment["pixel_size"])
     alignment, alignment_read_as = check_alignment_scale(alignment, kind, he_mpp, pixel_size, bundle.he_alignment,
                                                          section)

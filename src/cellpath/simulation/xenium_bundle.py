@@ -251,8 +251,3 @@ def write_he_ome_tiff(path: Path, rgb: np.ndarray, mpp: float | None, *, tile: i
                 tif.write(level, subifds=len(levels) - 1, description=description, **kwargs)
             else:
                 tif.write(level, subfiletype=1, **kwargs)
-
-
-def write_alignment_csv(path: Path, matrix: np.ndarray) -> None:
-    """10x alignment CSV: three comma-separated rows, no header; H&E px → morphology px."""
-    path.write_text("\n".join(",".join(repr(float(v)) for v in row) for row in matrix) + "\n")

@@ -30,7 +30,7 @@ import pandas as pd
 from cellpath.annotation.ontology import inverse_aliases
 from cellpath.config import SimulatedSection, SyntheticConfig
 from cellpath.io.atomic import atomic_output, prune_other_folders, remove_stale_temporaries
-from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
+from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM, write_alignment_csv
 from cellpath.io.layout import SIMULATION_TRUTH_NAME
 from cellpath.io.xenium import LAYOUTS
 from cellpath.simulation import xenium_bundle as xb
@@ -120,7 +120,7 @@ def _write_bundle(out_dir: Path, section_id: str, prefix: str, cells: xb.BundleC
     xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
     xb.write_nucleus_boundaries(out_dir / "nucleus_boundaries.parquet", cells)
     xb.write_he_ome_tiff(out_dir / f"{prefix}he_image.ome.tif", rgb, he_mpp)
-    xb.write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", he_to_morphology_px)
+    write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", he_to_morphology_px)
 
 
 def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: int, panel: GenePanel,
