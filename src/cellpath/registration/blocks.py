@@ -79,15 +79,15 @@ def window_shifts(moving_um: np.ndarray, fixed_um: np.ndarray, start: np.ndarray
     return np.reshape(centres, (-1, 2)), np.reshape(shifts, (-1, 2))
 
 
-def block_refined(moving_um: np.ndarray, fixed_um: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, int]:
-    """(3×3 moving → fixed, windows supporting it): ``start`` corrected by the RANSAC affine of the
-    window shifts; ``start`` itself with its count 0 when fewer than ``MIN_WINDOWS`` windows agree."""
+def block_refined(moving_um: np.ndarray, fixed_um: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(3×3 moving → fixed, windows supporting it, windows matched): ``start`` corrected by the RANSAC
+    affine of the window shifts; ``start`` itself with support 0 when fewer than ``MIN_WINDOWS`` agree."""
     centres, shifts = window_shifts(moving_um, fixed_um, start)
     if len(centres) < MIN_WINDOWS:
-        return start, 0
+        return start, 0, len(centres)
     model, inliers = ransac((centres, centres + shifts), AffineTransform, min_samples=3,
                             residual_threshold=RANSAC_RESIDUAL_UM, max_trials=RANSAC_TRIALS, rng=0)
     if model is None or inliers is None or int(inliers.sum()) < MIN_WINDOWS:
-        return start, 0
+        return start, 0, len(centres)
     correction = AffineTransform.from_estimate(centres[inliers], centres[inliers] + shifts[inliers])
-    return np.asarray(correction.params) @ start, int(inliers.sum())
+    return np.asarray(correction.params) @ start, int(inliers.sum()), len(centres)

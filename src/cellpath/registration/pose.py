@@ -1,9 +1,10 @@
 """The coarse pose: every rotation and a mirror flip, a translation anywhere, by FFT cross-correlation.
 
 Both point sets are rasterised into nucleus counts on one grid of ``bin_um`` bins (the moving set
-rotated, and flipped, about its centroid; each set centred on the grid), band-passed by a difference
-of Gaussians (σ 1 and ``BAND_SIGMAS`` bins: the tissue's structure, not its area, decides), and
-cross-correlated by scipy's FFT; the grid is at least twice the two sets' radii together, so every
+rotated, and flipped, about its centroid; each set centred on the grid), reduced to the tissue's
+structure (``structure_spectrum``: the density less its local mean over the tissue, by normalised
+convolution, so that neither the tissue's area nor its border — a square H&E crop, the Xenium
+field's edge — decides), and cross-correlated by scipy's FFT; the grid is at least twice the two sets' radii together, so every
 overlap is a shift of the circular correlation. The correlation's peak over the shifts is the score
 of a (flip, angle); the best poses, distinct by more than ``DISTINCT_DEG`` or by their flip, are the
 candidates the finer steps start from. The scale is the slide's mpp: the window matching and the fine
@@ -20,7 +21,8 @@ from scipy import fft
 COARSE_POINTS = 100_000  # points of each set rasterised (an even subsample beyond it)
 GRID_BINS = 512          # bins along the grid's side: bin_um = the grid's extent / GRID_BINS
 MIN_BIN_UM = 10.0        # bins are never finer than this (µm): about a nucleus spacing
-BAND_SIGMAS = (1.0, 6.0)  # the band-pass's Gaussians (bins)
+STRUCTURE_SIGMAS = (1.0, 6.0)  # the structure's narrow and wide Gaussians (bins)
+TISSUE_SHARE = 0.3        # a bin is tissue where the blurred density reaches this share of the typical
 ANGLE_STEP_DEG = 1.0
 DISTINCT_DEG = 5.0       # candidates at least this far apart in angle (or of the other flip)
 
@@ -28,7 +30,7 @@ DISTINCT_DEG = 5.0       # candidates at least this far apart in angle (or of th
 @dataclass(frozen=True)
 class Pose:
     """A pose moving → fixed (µm): ``q = scale · R(angle) · F · (p − moving_centre) + fixed_centre + shift``,
-    F the mirror (y → −y) when ``flipped``; ``score`` the band-passed correlation's peak, normalised."""
+    F the mirror (y → −y) when ``flipped``; ``score`` the structures' correlation's peak, normalised."""
 
     angle_deg: float
     flipped: bool
@@ -74,13 +76,26 @@ def _rasterise(centred_um: np.ndarray, bin_um: float, side: int) -> np.ndarray:
     return np.bincount(flat, minlength=side * side).reshape(side, side).astype(np.float32)
 
 
-def _band_pass(side: int) -> np.ndarray:
-    """The difference-of-Gaussians transfer function on ``rfft2``'s frequencies (σ in bins)."""
-    ky = fft.fftfreq(side)[:, None]
-    kx = fft.rfftfreq(side)[None, :]
-    k2 = kx**2 + ky**2
-    low, high = BAND_SIGMAS
-    return (np.exp(-2 * np.pi**2 * low**2 * k2) - np.exp(-2 * np.pi**2 * high**2 * k2)).astype(np.float32)
+def _gaussians(side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian transfer functions on ``rfft2``'s frequencies, σ = ``STRUCTURE_SIGMAS`` bins."""
+    k2 = fft.rfftfreq(side)[None, :] ** 2 + fft.fftfreq(side)[:, None] ** 2
+    return tuple(np.exp(-2 * np.pi**2 * sigma**2 * k2).astype(np.float32) for sigma in STRUCTURE_SIGMAS)
+
+
+def structure_spectrum(counts: np.ndarray, gaussians: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """``rfft2`` of the tissue's structure: the density blurred by the narrow Gaussian, less its local
+    mean over the tissue (the wide Gaussian by normalised convolution, so the tissue's border adds
+    nothing), zero off the tissue (bins below ``TISSUE_SHARE`` of the typical density)."""
+    narrow, wide = gaussians
+    side = counts.shape[0]
+    spectrum = fft.rfft2(counts)
+    near = fft.irfft2(spectrum * narrow, s=(side, side))
+    occupied = near[near > 0.1 * near.max()] if near.max() > 0 else near.ravel()
+    tissue = near > TISSUE_SHARE * float(np.median(occupied))
+    cover = fft.irfft2(fft.rfft2(tissue.astype(np.float32)) * wide, s=(side, side))
+    around = fft.irfft2(spectrum * wide, s=(side, side))
+    local = np.divide(around, cover, out=np.zeros_like(around), where=cover > 0.2)
+    return fft.rfft2(np.where(tissue, near - local, 0.0).astype(np.float32))
 
 
 def grid_for(moving_um: np.ndarray, fixed_um: np.ndarray) -> tuple[float, int]:
@@ -101,8 +116,8 @@ def coarse_poses(moving_um: np.ndarray, fixed_um: np.ndarray, *, keep: int = 4,
                                                                                         COARSE_POINTS)
     moving_centre, fixed_centre = moving.mean(axis=0), fixed.mean(axis=0)
     bin_um, side = grid_for(moving, fixed)
-    band = _band_pass(side)
-    target = fft.rfft2(_rasterise(fixed - fixed_centre, bin_um, side)) * band
+    gaussians = _gaussians(side)
+    target = structure_spectrum(_rasterise(fixed - fixed_centre, bin_um, side), gaussians)
     target_norm = float(np.sqrt((np.abs(target) ** 2).sum()))
     angles = np.arange(0.0, 360.0, angle_step_deg)
     scores = np.empty((2, len(angles)))
@@ -110,7 +125,7 @@ def coarse_poses(moving_um: np.ndarray, fixed_um: np.ndarray, *, keep: int = 4,
     for f, flipped in enumerate((False, True)):
         for a, angle in enumerate(angles):
             placed = apply(rigid_matrix(angle, flipped, moving_centre, np.zeros(2), scale), moving)
-            spectrum = fft.rfft2(_rasterise(placed, bin_um, side)) * band
+            spectrum = structure_spectrum(_rasterise(placed, bin_um, side), gaussians)
             correlation = fft.irfft2(target * np.conj(spectrum), s=(side, side))
             peak = int(np.argmax(correlation))
             norm = target_norm * float(np.sqrt((np.abs(spectrum) ** 2).sum())) / (side * side)

@@ -20,7 +20,7 @@ from cellpath.registration.pose import apply
 
 RADII_UM = (8.0, 5.0)
 TOL_UM = 1e-3
-MAX_ROUNDS = 50
+MAX_ROUNDS = 30
 
 
 @dataclass(frozen=True)

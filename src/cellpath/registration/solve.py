@@ -11,7 +11,8 @@ matched nuclei, a consensus below ``MIN_CONSENSUS_SHARE`` of the smaller set or 
 too little of it shows); and an ambiguous tissue, where a pose other than the best
 (another flip, or more than ``pose.DISTINCT_DEG`` away) reaches ``AMBIGUOUS_SHARE`` of its consensus.
 When fewer than ``MIN_WINDOW_SHARE`` of the windows agree on any pose at the mpp's scale, the slide's
-mpp may be wrong: the search is run again at ``FALLBACK_SCALES`` and the record says so.
+mpp may be wrong: the search is run again at ``FALLBACK_SCALES`` and the record says so; when no
+pose gets there at any scale the nuclei are refused before any fine fit.
 
 The alignment matrix maps H&E level-0 px to Xenium morphology px (10x's ``he_imagealignment.csv``):
 ``diag(1/pixel_size) · T · diag(mpp)``, with T the µm affine found here.
@@ -26,7 +27,7 @@ import numpy as np
 from cellpath.concordance.scoring import mutual_nearest_neighbours
 from cellpath.errors import CellPathError
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
-from cellpath.registration.blocks import GRID_WINDOWS, block_refined
+from cellpath.registration.blocks import MIN_WINDOWS, block_refined
 from cellpath.registration.pose import Pose, apply, coarse_poses
 from cellpath.registration.refine import RADII_UM, FineFit, fine_affine
 
@@ -38,7 +39,7 @@ DECOY_SHIFT_UM = np.array([37.0, 53.0])  # well beyond a nucleus spacing
 CONSENSUS_UM = 3.0
 AMBIGUOUS_SHARE = 0.8
 CANDIDATES = 4
-MIN_WINDOW_SHARE = 0.25  # below this share of the windows agreeing at the mpp's scale, the scale is searched
+MIN_WINDOW_SHARE = 0.25  # a pose is taken up when this share of its matched windows agree on it
 FALLBACK_SCALES = (0.9, 0.94, 0.98, 1.02, 1.06, 1.1)  # H&E µm per Xenium µm tried then (a wrong mpp)
 
 
@@ -86,8 +87,16 @@ def _check_inputs(he_px: np.ndarray, mpp: float, xenium_um: np.ndarray) -> tuple
     return he[np.isfinite(he).all(axis=1)] * mpp, xenium[np.isfinite(xenium).all(axis=1)]
 
 
-def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float) -> list[tuple[Pose, np.ndarray, int]]:
-    """(coarse pose, its window-matched start, windows supporting it) of each coarse candidate at ``scale``."""
+def _agreed(started: list[tuple[Pose, np.ndarray, int, int]]) -> bool:
+    """Whether a start has ``MIN_WINDOW_SHARE`` of its windows agreeing; a tissue too small for
+    ``MIN_WINDOWS`` windows has no such test (the fine fit and the consensus decide alone)."""
+    return any(matched < MIN_WINDOWS or support >= max(MIN_WINDOWS, MIN_WINDOW_SHARE * matched)
+               for _, _, support, matched in started)
+
+
+def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float) -> list[tuple[Pose, np.ndarray, int, int]]:
+    """(coarse pose, its window-matched start, windows supporting it, windows matched) of each coarse
+    candidate at ``scale``."""
     return [(pose, *block_refined(moving, fixed, pose.matrix()))
             for pose in coarse_poses(moving, fixed, keep=CANDIDATES, scale=scale)]
 
@@ -100,14 +109,19 @@ def register_nuclei(he_px: np.ndarray, mpp: float, xenium_um: np.ndarray) -> Reg
     """Register H&E nuclei (level-0 px, ``mpp`` µm/px) to Xenium nuclei (µm) from any starting pose."""
     moving, fixed = _check_inputs(he_px, mpp, xenium_um)
     started = _starts(moving, fixed, 1.0)
-    if max(windows for _, _, windows in started) < MIN_WINDOW_SHARE * GRID_WINDOWS**2:
+    if not _agreed(started):
         started = [start for scale in FALLBACK_SCALES for start in _starts(moving, fixed, scale)]
-    best_support = max(windows for _, _, windows in started)
+    if not _agreed(started):
+        best = max(support for _, _, support, _ in started)
+        raise RegistrationError(f"no pose lines the nuclei up: at most {best} of the windows agree on one, under "
+                                "every rotation, flip and scale tried; check that the H&E and the Xenium section "
+                                "are of the same section and that the H&E's nuclei were detected")
+    best_support = max(support for _, _, support, _ in started)
     tried = []
-    for pose, start, windows in started:  # the fine fit for the best start and any that rivals it
-        if windows >= AMBIGUOUS_SHARE * best_support:
+    for pose, start, support, _ in started:  # the fine fit for the best start and any that rivals it
+        if support >= AMBIGUOUS_SHARE * best_support:
             fit = fine_affine(moving, fixed, start)
-            tried.append((_consensus(fit, moving, fixed), pose, windows, fit))
+            tried.append((_consensus(fit, moving, fixed), pose, support, fit))
     tried.sort(key=lambda item: -item[0])
     consensus, pose, windows, fit = tried[0]
     smaller, chance = min(len(moving), len(fixed)), chance_consensus(fit.matrix, moving, fixed)

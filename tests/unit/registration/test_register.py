@@ -108,7 +108,7 @@ def test_bad_inputs_are_refused_with_the_reason(tissue):
     with pytest.raises(RegistrationError, match="no nuclei were detected"):
         register_nuclei(tissue[:10] / MPP, MPP, tissue)
     other, _ = layout_cells(program_for("Colon", "Normal"), 4000, np.random.default_rng(99))
-    with pytest.raises(RegistrationError, match="too few matched nuclei"):
+    with pytest.raises(RegistrationError, match="no pose lines the nuclei up|too few matched nuclei"):
         register_nuclei(other.xy_um / MPP, MPP, tissue)
 
 
