@@ -12,8 +12,8 @@ import yaml
 from cellpath.runtime.code_deps import PACKAGE_DIR, imported_modules
 from helpers.project import PROJECT_ROOT
 
-DOMAIN = ("annotation", "concordance", "features", "planning", "probing", "published", "references", "robustness",
-          "report", "simulation", "sources")
+DOMAIN = ("annotation", "concordance", "expression", "features", "planning", "probing", "published", "references",
+          "registration", "report", "robustness", "simulation", "sources")
 TOP = ("stages", "commands")  # what cli.py dispatches to: the DVC stages and the other commands
 
 

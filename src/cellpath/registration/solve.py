@@ -11,7 +11,8 @@ matched nuclei, a consensus below ``MIN_CONSENSUS_SHARE`` of the smaller set or 
 too little of it shows); and an ambiguous tissue, where a pose other than the best
 (another flip, or more than ``pose.DISTINCT_DEG`` away) reaches ``AMBIGUOUS_SHARE`` of its consensus.
 When fewer than ``MIN_WINDOW_SHARE`` of the windows agree on any pose at the mpp's scale, the slide's
-mpp may be wrong: the search is run again at ``FALLBACK_SCALES`` and the record says so; when no
+mpp may be wrong: the search is run again at ``FALLBACK_SCALES`` (every ``FALLBACK_STEP_DEG``) and the
+record says so; when no
 pose gets there at any scale the nuclei are refused before any fine fit.
 
 The alignment matrix maps H&E level-0 px to Xenium morphology px (10x's ``he_imagealignment.csv``):
@@ -28,7 +29,7 @@ from cellpath.concordance.scoring import mutual_nearest_neighbours
 from cellpath.errors import CellPathError
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
 from cellpath.registration.blocks import MIN_WINDOWS, block_refined
-from cellpath.registration.pose import Pose, apply, coarse_poses
+from cellpath.registration.pose import ANGLE_STEP_DEG, Pose, apply, coarse_poses
 from cellpath.registration.refine import RADII_UM, FineFit, fine_affine
 
 MIN_NUCLEI = 50
@@ -39,8 +40,9 @@ DECOY_SHIFT_UM = np.array([37.0, 53.0])  # well beyond a nucleus spacing
 CONSENSUS_UM = 3.0
 AMBIGUOUS_SHARE = 0.8
 CANDIDATES = 4
-MIN_WINDOW_SHARE = 0.25  # a pose is taken up when this share of its matched windows agree on it
+MIN_WINDOW_SHARE = 0.5   # a pose is taken up when this share of its matched windows agree on it
 FALLBACK_SCALES = (0.9, 0.94, 0.98, 1.02, 1.06, 1.1)  # H&E µm per Xenium µm tried then (a wrong mpp)
+FALLBACK_STEP_DEG = 2.0  # the angle step of that search (the window matching takes up a degree)
 
 
 class RegistrationError(CellPathError):
@@ -94,11 +96,12 @@ def _agreed(started: list[tuple[Pose, np.ndarray, int, int]]) -> bool:
                for _, _, support, matched in started)
 
 
-def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float) -> list[tuple[Pose, np.ndarray, int, int]]:
+def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float,
+            angle_step_deg: float = ANGLE_STEP_DEG) -> list[tuple[Pose, np.ndarray, int, int]]:
     """(coarse pose, its window-matched start, windows supporting it, windows matched) of each coarse
     candidate at ``scale``."""
     return [(pose, *block_refined(moving, fixed, pose.matrix()))
-            for pose in coarse_poses(moving, fixed, keep=CANDIDATES, scale=scale)]
+            for pose in coarse_poses(moving, fixed, keep=CANDIDATES, scale=scale, angle_step_deg=angle_step_deg)]
 
 
 def _different(a: Pose, b: Pose) -> bool:
@@ -110,7 +113,7 @@ def register_nuclei(he_px: np.ndarray, mpp: float, xenium_um: np.ndarray) -> Reg
     moving, fixed = _check_inputs(he_px, mpp, xenium_um)
     started = _starts(moving, fixed, 1.0)
     if not _agreed(started):
-        started = [start for scale in FALLBACK_SCALES for start in _starts(moving, fixed, scale)]
+        started = [start for scale in FALLBACK_SCALES for start in _starts(moving, fixed, scale, FALLBACK_STEP_DEG)]
     if not _agreed(started):
         best = max(support for _, _, support, _ in started)
         raise RegistrationError(f"no pose lines the nuclei up: at most {best} of the windows agree on one, under "
