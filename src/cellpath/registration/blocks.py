@@ -90,4 +90,6 @@ def block_refined(moving_um: np.ndarray, fixed_um: np.ndarray, start: np.ndarray
     if model is None or inliers is None or int(inliers.sum()) < MIN_WINDOWS:
         return start, 0, len(centres)
     correction = AffineTransform.from_estimate(centres[inliers], centres[inliers] + shifts[inliers])
+    if not correction:  # the agreeing windows lie on a line: no affine follows from them
+        return start, 0, len(centres)
     return np.asarray(correction.params) @ start, int(inliers.sum()), len(centres)

@@ -9,7 +9,8 @@ moving nuclei within ``CONSENSUS_UM`` of their partner after it. The best is kep
 matched nuclei, a consensus below ``MIN_CONSENSUS_SHARE`` of the smaller set or below
 ``MIN_CHANCE_RATIO`` times what a decoy pose meets by chance (the images are not of one section, or
 too little of it shows); and an ambiguous tissue, where a pose other than the best
-(another flip, or more than ``pose.DISTINCT_DEG`` away) reaches ``AMBIGUOUS_SHARE`` of its consensus.
+(its fit placing a corner of the tissue more than ``DISTINCT_FIT_UM`` elsewhere) reaches
+``AMBIGUOUS_SHARE`` of its consensus.
 When fewer than ``MIN_WINDOW_SHARE`` of the windows agree on any pose at the mpp's scale, the slide's
 mpp may be wrong: the search is run again at ``FALLBACK_SCALES`` (every ``FALLBACK_STEP_DEG``) and the
 record says so; when no
@@ -40,6 +41,7 @@ DECOY_SHIFT_UM = np.array([37.0, 53.0])  # well beyond a nucleus spacing
 CONSENSUS_UM = 3.0
 AMBIGUOUS_SHARE = 0.8
 CANDIDATES = 4
+DISTINCT_FIT_UM = 20.0   # two fits whose placements of the tissue's corners differ by more are two poses
 MIN_WINDOW_SHARE = 0.5   # a pose is taken up when this share of its matched windows agree on it
 FALLBACK_SCALES = (0.9, 0.94, 0.98, 1.02, 1.06, 1.1)  # H&E µm per Xenium µm tried then (a wrong mpp)
 FALLBACK_STEP_DEG = 2.0  # the angle step of that search (the window matching takes up a degree)
@@ -104,8 +106,12 @@ def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float,
             for pose in coarse_poses(moving, fixed, keep=CANDIDATES, scale=scale, angle_step_deg=angle_step_deg)]
 
 
-def _different(a: Pose, b: Pose) -> bool:
-    return a.flipped != b.flipped or abs((a.angle_deg - b.angle_deg + 180) % 360 - 180) > 2.0
+def _different(a: FineFit, b: FineFit, moving: np.ndarray) -> bool:
+    """Whether two fine fits are two poses: some corner of the moving nuclei's bounding box lands more
+    than ``DISTINCT_FIT_UM`` apart under them (two starts that converged to one pose are one)."""
+    low, high = moving.min(axis=0), moving.max(axis=0)
+    corners = np.array([[low[0], low[1]], [high[0], low[1]], [low[0], high[1]], [high[0], high[1]]])
+    return float(np.hypot(*(apply(a.matrix, corners) - apply(b.matrix, corners)).T).max()) > DISTINCT_FIT_UM
 
 
 def register_nuclei(he_px: np.ndarray, mpp: float, xenium_um: np.ndarray) -> Registration:
@@ -133,7 +139,8 @@ def register_nuclei(he_px: np.ndarray, mpp: float, xenium_um: np.ndarray) -> Reg
                                 f"{chance} by chance): "
                                 "the H&E and the Xenium section do not line up under any pose; check that "
                                 "they are of the same section and that the H&E's nuclei were detected")
-    rivals = [(c, p) for c, p, _, _ in tried[1:] if _different(p, pose) and c >= AMBIGUOUS_SHARE * consensus]
+    rivals = [(c, p) for c, p, _, other in tried[1:]
+              if c >= AMBIGUOUS_SHARE * consensus and _different(other, fit, moving)]
     if rivals:
         c, p = rivals[0]
         raise RegistrationError(
