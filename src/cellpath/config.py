@@ -82,6 +82,16 @@ class SimulatedSection(_Strict):
     morphology_strength: Annotated[Float, Field(ge=0.0, le=1.0)] | None = None
     #: which vintage of the Xenium bundle to write (cellpath.io.xenium.LAYOUTS); ingest reads them all
     xenium_layout: XeniumLayoutName = DEFAULT_XENIUM_LAYOUT
+    #: the H&E's pose against the Xenium frame: "scanner" (rotated 2-8°, at synthetic.he_mpp), or "any" (any
+    #: rotation, mirrored half the time, scanned at he_mpp × 0.9-1.1), as a lab's own scan (docs/decisions/0051)
+    he_pose: Literal["scanner", "any"] = "scanner"
+    #: write 10x's he_imagealignment.csv; without it ingest registers the section (the true matrix is kept in
+    #: simulation.json)
+    alignment_file: bool = True
+    #: section.json's "registration" where there is an alignment file: "given" (used as it is), "propose" (ingest
+    #: registers the section too and records both, placing with the given one) or "accept" (placing with the
+    #: registered one)
+    registration: Literal["given", "propose", "accept"] = "given"
 
     @model_validator(mode="after")
     def _status_matches_organ(self) -> "SimulatedSection":

@@ -418,12 +418,23 @@ def _check_counts(matrix, path: Path, section: str) -> None:
                          path=path, section=section)
 
 
-def build_section_table(bundle: Bundle):
-    """Read and cross-check one bundle; return the AnnData table with µm and H&E px coordinates."""
+@dataclass(frozen=True)
+class Placement:
+    """An alignment found for a bundle rather than read from it (H&E level-0 px → morphology px, 3×3)
+    and what it is, for the section's metadata (``alignment_source``)."""
+
+    alignment: np.ndarray
+    source: str
+
+
+def build_section_table(bundle: Bundle, placement: Placement | None = None):
+    """Read and cross-check one bundle; return the AnnData table with µm and H&E px coordinates. The
+    nuclei are placed with the bundle's alignment file, or with ``placement`` where one is given."""
     section = bundle.section_id
     experiment = _read_experiment(bundle)
     cells, nuclei = _read_cells(bundle)
-    alignment, kind = read_alignment(bundle.he_alignment, section)
+    alignment, kind = ((placement.alignment, "matrix") if placement is not None
+                       else read_alignment(bundle.he_alignment, section))
     he_mpp, (width, height) = read_he_geometry(bundle)
     pixel_size = float(experiment["pixel_size"])
     alignment, alignment_read_as = check_alignment_scale(alignment, kind, he_mpp, pixel_size, bundle.he_alignment,
@@ -465,6 +476,7 @@ def build_section_table(bundle: Bundle):
         "he_height_px": height,
         "alignment_he_to_morphology_px": alignment.tolist(),
         "alignment_read_as": alignment_read_as,
+        "alignment_source": "given" if placement is None else placement.source,
         "pixel_size_um": pixel_size,
         "xenium_software": str(experiment.get("analysis_sw_version", "")),
         "xenium_layout_version": bundle_version(experiment)[1],
@@ -495,10 +507,11 @@ def write_section_zarr(table, path: Path) -> None:
         sdata.write(tmp)
 
 
-def ingest_section(folder: Path, out_dir: Path) -> dict:
-    """Ingest one raw section folder into ``out_dir/<section_id>.zarr``; return its metadata row."""
-    bundle = locate_bundle(folder)
-    table = build_section_table(bundle)
+def ingest_section(folder: Path, out_dir: Path, placement: Placement | None = None) -> dict:
+    """Ingest one raw section folder into ``out_dir/<section_id>.zarr``; return its metadata row. With
+    ``placement`` (a registered alignment) the folder needs no alignment file."""
+    bundle = locate_bundle(folder, require_alignment=placement is None)
+    table = build_section_table(bundle, placement)
     write_section_zarr(table, out_dir / f"{bundle.section_id}.zarr")
     meta = dict(table.uns["section"])
     log.info("ingested %s: %d cells × %d genes, H&E %.4f µm/px (%d×%d px)", bundle.section_id, meta["n_cells"],

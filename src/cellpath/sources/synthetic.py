@@ -84,11 +84,17 @@ def _inverse_2x2(matrix: np.ndarray) -> np.ndarray:
     return np.array([[matrix[1, 1], -matrix[0, 1]], [-matrix[1, 0], matrix[0, 0]]]) / det
 
 
-def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator) -> Registration:
-    """A non-identity affine: rotation of 2-8° either way, scale to ``he_mpp``, random offset."""
+def draw_registration(field_um: float, he_mpp: float, rng: np.random.Generator, *, angle_deg: float | None = None,
+                      flipped: bool = False) -> Registration:
+    """A non-identity affine: rotation of 2-8° either way (or ``angle_deg``), mirrored (y → −y on the
+    H&E) when ``flipped``, scale to ``he_mpp``, random offset. The same draws from ``rng`` either way."""
     angle = np.deg2rad(rng.uniform(2.0, 8.0) * rng.choice([-1.0, 1.0]))
+    if angle_deg is not None:
+        angle = np.deg2rad(angle_deg)
     scale = he_mpp / XENIUM_PIXEL_SIZE_UM
     linear = scale * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    if flipped:
+        linear = linear @ np.diag([1.0, -1.0])
     corners_um = np.array([[0, 0], [field_um, 0], [0, field_um], [field_um, field_um]], dtype=float)
     corners_he = _apply_linear(corners_um / XENIUM_PIXEL_SIZE_UM, _inverse_2x2(linear))
     margin_px = (HE_MARGIN_UM + rng.uniform(0, 40.0)) / he_mpp
@@ -108,8 +114,9 @@ def _direction_angles_on_he(angles_um: np.ndarray, registration: Registration) -
 
 
 def _write_bundle(out_dir: Path, section_id: str, prefix: str, cells: xb.BundleCells, panel: GenePanel,
-                  rgb: np.ndarray, he_mpp: float, he_to_morphology_px: np.ndarray) -> None:
-    """The section's Xenium outputs and registered H&E (µm/px ``he_mpp``), as a 10x download names them."""
+                  rgb: np.ndarray, he_mpp: float, he_to_morphology_px: np.ndarray | None) -> None:
+    """The section's Xenium outputs and registered H&E (µm/px ``he_mpp``), as a 10x download names them;
+    no alignment file where ``he_to_morphology_px`` is None."""
     xb.write_experiment(out_dir / "experiment.xenium", run_name=f"simulated {section_id}",
                         region_name=section_id, n_cells=len(cells.cell_ids), panel_name=cells.layout.panel_name,
                         n_targets=len(panel.genes), pixel_size_um=XENIUM_PIXEL_SIZE_UM,
@@ -120,7 +127,8 @@ def _write_bundle(out_dir: Path, section_id: str, prefix: str, cells: xb.BundleC
     xb.write_cells_zarr_zip(out_dir / "cells.zarr.zip", cells)
     xb.write_nucleus_boundaries(out_dir / "nucleus_boundaries.parquet", cells)
     xb.write_he_ome_tiff(out_dir / f"{prefix}he_image.ome.tif", rgb, he_mpp)
-    write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", he_to_morphology_px)
+    if he_to_morphology_px is not None:
+        write_alignment_csv(out_dir / f"{prefix}he_imagealignment.csv", he_to_morphology_px)
 
 
 def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: int, panel: GenePanel,
@@ -142,12 +150,13 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
     proliferation = proliferation_scores(n, config.proliferation, _rng(seed, "proliferation", section.section_id))
     draws = proliferating(draw_nuclei(layout.cell_type, strength, rng), proliferation)
     acquisition = draw_acquisition(rng, config.stain_variation)
-    registration = draw_registration(layout.field_um, config.he_mpp, rng)
+    he_mpp, pose = _he_pose(section, config, seed)
+    registration = draw_registration(layout.field_um, he_mpp, rng, **pose)
 
     nucleus_he = registration.um_to_he(layout.xy_um)
     angle_he = _direction_angles_on_he(layout.orientation, registration)
     rgb = render_section(tmap, registration.he_to_um, registration.shape, nucleus_he, angle_he, draws,
-                         config.he_mpp, acquisition, rng)
+                         he_mpp, acquisition, rng)
 
     measured_nucleus = layout.xy_um + rng.normal(0.0, jitter / np.sqrt(2.0), size=(n, 2))
     cell_centre = measured_nucleus - draws.offset
@@ -163,7 +172,8 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
         feature_types=panel.feature_types, layout=LAYOUTS[section.xenium_layout],
     )
     prefix = f"{section.section_id}_"
-    _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, config.he_mpp, registration.he_to_morph)
+    _write_bundle(out_dir, section.section_id, prefix, cells, panel, rgb, he_mpp,
+                  registration.he_to_morph if section.alignment_file else None)
     truth = pd.DataFrame({
         "cell_id": cells.cell_ids, "cell_type": layout.cell_type, "compartment": layout.compartment,
         "true_x_um": layout.xy_um[:, 0], "true_y_um": layout.xy_um[:, 1],
@@ -175,14 +185,41 @@ def simulate_section(section: SimulatedSection, config: SyntheticConfig, seed: i
     summary = {
         "section_id": section.section_id, "organ": section.organ, "status": section.status, "n_cells": n,
         "field_um": layout.field_um, "registration_jitter_um": jitter, "morphology_strength": strength,
-        "he_mpp": config.he_mpp, "he_shape": list(registration.shape), "acquisition": acquisition.as_dict(),
+        "he_mpp": he_mpp, "he_shape": list(registration.shape), "acquisition": acquisition.as_dict(),
+        **_pose_truth(section, pose, registration),
     }
     (out_dir / "simulation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _write_section_json(out_dir, section, prefix)
+    return summary
+
+
+def _pose_truth(section: SimulatedSection, pose: dict, registration: Registration) -> dict:
+    """For a section in any pose or without an alignment file, its pose and true alignment (kept in
+    simulation.json, beside the 10x files); nothing for a scanner-posed section with its file."""
+    if section.he_pose == "scanner" and section.alignment_file:
+        return {}
+    return {"he_pose": {"kind": section.he_pose, **pose},
+            "true_alignment_he_px_to_morphology_px": registration.he_to_morph.tolist()}
+
+
+def _write_section_json(out_dir: Path, section: SimulatedSection, prefix: str) -> None:
+    """section.json, as the 10x source writes it; ``registration`` only where it is not "given"."""
     (out_dir / "section.json").write_text(json.dumps({
         "section_id": section.section_id, "dataset": f"Simulated {section.organ} ({section.status})",
         "organ": section.organ, "status": section.status, "source": "synthetic", "prefix": prefix,
+        **({"registration": section.registration} if section.registration != "given" else {}),
     }, indent=2) + "\n")
-    return summary
+
+
+def _he_pose(section: SimulatedSection, config: SyntheticConfig, seed: int) -> tuple[float, dict]:
+    """The H&E's µm/px and pose of a section: ``config.he_mpp`` and the scanner's small rotation, or for
+    ``he_pose: any`` an mpp of he_mpp × 0.9-1.1, any angle and a mirror half the time, from a stream of
+    their own (so every other draw is what it is for a scanner pose)."""
+    if section.he_pose == "scanner":
+        return config.he_mpp, {}
+    rng = _rng(seed, "pose", section.section_id)
+    he_mpp = config.he_mpp * float(rng.uniform(0.9, 1.1))
+    return he_mpp, {"angle_deg": float(rng.uniform(0.0, 360.0)), "flipped": bool(rng.random() < 0.5)}
 
 
 def simulate_reference(organ: str, config: SyntheticConfig, seed: int, panel: GenePanel,
