@@ -40,6 +40,13 @@ def test_a_section_without_an_alignment_file_gets_10x_s_file(tiny_panel, tmp_pat
     record = json.loads(next(folder.glob("*he_registration.json")).read_text())
     assert record["written"] == alignment.name and record["converged"]
     assert record["registered"]["verdict"] == "passes QC" and "given" not in record
+    # spatialdata-io's own reader takes the written file as the H&E image's transformation
+    from spatialdata.transformations import get_transformation
+    from spatialdata_io import xenium_aligned_image
+
+    image = xenium_aligned_image(next(folder.glob("*he_image.ome.tif")), alignment)
+    np.testing.assert_allclose(get_transformation(image, "global").to_affine_matrix(("x", "y"), ("x", "y")),
+                               parse_alignment_csv(alignment), rtol=1e-15, atol=1e-12)
 
 
 def test_a_poor_given_alignment_is_kept_and_a_repair_proposed_beside_it(tiny_panel, tmp_path):
