@@ -209,7 +209,9 @@ def _registration_caption(panels: pd.DataFrame) -> str:
     if "registration_flagged" not in panels.columns:
         return ""
     flagged = sorted(panels.loc[panels["registration_flagged"].astype(bool), "section_id"].astype(str))
-    return ("Registration QC (reg_*): H&E nuclei matched to the Xenium nuclei placed on the H&E by the alignment; "
+    return ("alignment_source: the alignment that placed the nuclei — the section's own file (given), or the one "
+            "ingest registered from the nuclei (docs/decisions/0051). "
+            "Registration QC (reg_*): H&E nuclei matched to the Xenium nuclei placed on the H&E by the alignment; "
             "median and 90th percentile of their distances (µm), the residual affine H&E → Xenium (translation µm, "
             "rotation °, scale, shear °) and the RMS distance left after it (µm). Per-cell misregistration leaves "
             "the affine near the identity; a global one shows in the affine and a small residual. "

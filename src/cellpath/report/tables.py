@@ -311,7 +311,7 @@ def display_counts(counts: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-REGISTRATION_COLUMNS = ("reg_median_um", "reg_p90_um", "reg_translation_x_um", "reg_translation_y_um",
+REGISTRATION_COLUMNS = ("alignment_source", "reg_median_um", "reg_p90_um", "reg_translation_x_um", "reg_translation_y_um",
                         "reg_rotation_deg", "reg_scale_x", "reg_scale_y", "reg_shear_deg", "reg_residual_rms_um",
                         "registration_flagged")
 

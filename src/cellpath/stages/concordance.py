@@ -81,6 +81,7 @@ def _section_row(params: Params, data_dir: Path, row, summary: pd.DataFrame) -> 
             "excluded_by_annotation": excluded, "cells": table.n_obs,
             "reference_unmatched": float(summary.loc[row.section_id, "coverage_unmatched"]),
             "poor_reference_coverage": poor_coverage,
+            "alignment_source": getattr(row, "alignment_source", "given"),  # ingest: given or registered
             **_registration_columns(cfg, detections, placed_px, row)}
 
 
