@@ -19,7 +19,7 @@ from scipy.spatial import cKDTree
 from skimage.measure import ransac
 from skimage.transform import AffineTransform
 
-from cellpath.registration.pose import apply
+from cellpath.registration.pose import apply, rasterise
 
 WINDOW_UM = (150.0, 400.0)  # a window's side: a quarter of the moving nuclei's extent, within these (µm)
 SEARCH_UM = 250.0
@@ -37,10 +37,7 @@ def _window_shift(moving: np.ndarray, fixed: np.ndarray, centre: np.ndarray, win
     side = fft.next_fast_len(int(np.ceil((window_um + 2 * SEARCH_UM) / BIN_UM)), real=True)
 
     def raster(points: np.ndarray) -> np.ndarray:
-        index = np.floor((points - centre) / BIN_UM).astype(np.int64) + side // 2
-        inside = ((index >= 0) & (index < side)).all(axis=1)
-        counts = np.bincount(index[inside, 1] * side + index[inside, 0], minlength=side * side)
-        return counts.reshape(side, side).astype(np.float32)
+        return rasterise(points - centre, BIN_UM, side)
 
     ky, kx = fft.fftfreq(side)[:, None], fft.rfftfreq(side)[None, :]
     blur = np.exp(-2 * np.pi**2 * (kx**2 + ky**2)).astype(np.float32)  # σ = 1 bin: a nucleus's position noise

@@ -4,11 +4,12 @@ Both point sets are rasterised into nucleus counts on one grid of ``bin_um`` bin
 rotated, and flipped, about its centroid; each set centred on the grid), reduced to the tissue's
 structure (``structure_spectrum``: the density less its local mean over the tissue, by normalised
 convolution, so that neither the tissue's area nor its border — a square H&E crop, the Xenium
-field's edge — decides), and cross-correlated by scipy's FFT; the grid is at least twice the two sets' radii together, so every
-overlap is a shift of the circular correlation. The correlation's peak over the shifts is the score
-of a (flip, angle); the best poses, distinct by more than ``DISTINCT_DEG`` or by their flip, are the
-candidates the finer steps start from. The scale is the slide's mpp: the window matching and the fine
-affine take up a few per cent; beyond that ``solve`` searches the scale too.
+field's edge — decides), and cross-correlated by scipy's FFT; the grid is at least twice the two
+sets' radii together, so every overlap is a shift of the circular correlation. The correlation's
+peak over the shifts is the score of a (flip, angle); the best poses, distinct by more than
+``DISTINCT_DEG`` or by their flip, are the candidates the finer steps start from. The scale is the
+slide's mpp: the window matching and the fine affine take up a few per cent; beyond that ``solve``
+searches the scale too.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _subsample(points: np.ndarray, limit: int) -> np.ndarray:
     return points[::step]
 
 
-def _rasterise(centred_um: np.ndarray, bin_um: float, side: int) -> np.ndarray:
+def rasterise(centred_um: np.ndarray, bin_um: float, side: int) -> np.ndarray:
     """Counts per bin of points given about the grid's centre (µm); points off the grid are dropped."""
     index = np.floor(centred_um / bin_um).astype(np.int64) + side // 2
     inside = ((index >= 0) & (index < side)).all(axis=1)
@@ -117,7 +118,7 @@ def coarse_poses(moving_um: np.ndarray, fixed_um: np.ndarray, *, keep: int = 4,
     moving_centre, fixed_centre = moving.mean(axis=0), fixed.mean(axis=0)
     bin_um, side = grid_for(moving, fixed)
     gaussians = _gaussians(side)
-    target = structure_spectrum(_rasterise(fixed - fixed_centre, bin_um, side), gaussians)
+    target = structure_spectrum(rasterise(fixed - fixed_centre, bin_um, side), gaussians)
     target_norm = float(np.sqrt((np.abs(target) ** 2).sum()))
     angles = np.arange(0.0, 360.0, angle_step_deg)
     scores = np.empty((2, len(angles)))
@@ -125,13 +126,14 @@ def coarse_poses(moving_um: np.ndarray, fixed_um: np.ndarray, *, keep: int = 4,
     for f, flipped in enumerate((False, True)):
         for a, angle in enumerate(angles):
             placed = apply(rigid_matrix(angle, flipped, moving_centre, np.zeros(2), scale), moving)
-            spectrum = structure_spectrum(_rasterise(placed, bin_um, side), gaussians)
+            spectrum = structure_spectrum(rasterise(placed, bin_um, side), gaussians)
             correlation = fft.irfft2(target * np.conj(spectrum), s=(side, side))
             peak = int(np.argmax(correlation))
             norm = target_norm * float(np.sqrt((np.abs(spectrum) ** 2).sum())) / (side * side)
             scores[f, a] = correlation.flat[peak] / norm if norm > 0 else 0.0
             row, col = divmod(peak, side)
-            shifts[f, a] = (((col + side // 2) % side - side // 2) * bin_um, ((row + side // 2) % side - side // 2) * bin_um)
+            shifts[f, a] = (((col + side // 2) % side - side // 2) * bin_um,
+                            ((row + side // 2) % side - side // 2) * bin_um)
     return _distinct(scores, shifts, angles, moving_centre, fixed_centre, keep, scale)
 
 

@@ -41,14 +41,15 @@ def _as_matrix(fit) -> np.ndarray:
     return matrix
 
 
-def _corners(points: np.ndarray) -> np.ndarray:
+def bounding_corners(points: np.ndarray) -> np.ndarray:
+    """The four corners (4, 2) of the points' axis-aligned bounding box."""
     low, high = points.min(axis=0), points.max(axis=0)
     return np.array([[low[0], low[1]], [high[0], low[1]], [low[0], high[1]], [high[0], high[1]]])
 
 
 def fine_affine(moving_um: np.ndarray, fixed_um: np.ndarray, start: np.ndarray) -> FineFit:
     """ICP from ``start`` (3×3) to convergence at each of ``RADII_UM`` (module docstring)."""
-    matrix, corners, rounds = np.asarray(start, float), _corners(moving_um), 0
+    matrix, corners, rounds = np.asarray(start, float), bounding_corners(moving_um), 0
     pairs = np.empty((0, 2), dtype=np.int64)
     converged = False
     for radius in RADII_UM:

@@ -31,7 +31,7 @@ from cellpath.errors import CellPathError
 from cellpath.io.coords import XENIUM_PIXEL_SIZE_UM
 from cellpath.registration.blocks import MIN_WINDOWS, block_refined
 from cellpath.registration.pose import ANGLE_STEP_DEG, Pose, apply, coarse_poses
-from cellpath.registration.refine import RADII_UM, FineFit, fine_affine
+from cellpath.registration.refine import RADII_UM, FineFit, bounding_corners, fine_affine
 
 MIN_NUCLEI = 50
 MIN_MATCHES = 30
@@ -109,8 +109,7 @@ def _starts(moving: np.ndarray, fixed: np.ndarray, scale: float,
 def _different(a: FineFit, b: FineFit, moving: np.ndarray) -> bool:
     """Whether two fine fits are two poses: some corner of the moving nuclei's bounding box lands more
     than ``DISTINCT_FIT_UM`` apart under them (two starts that converged to one pose are one)."""
-    low, high = moving.min(axis=0), moving.max(axis=0)
-    corners = np.array([[low[0], low[1]], [high[0], low[1]], [low[0], high[1]], [high[0], high[1]]])
+    corners = bounding_corners(moving)
     return float(np.hypot(*(apply(a.matrix, corners) - apply(b.matrix, corners)).T).max()) > DISTINCT_FIT_UM
 
 
@@ -166,7 +165,8 @@ def _result(fit: FineFit, mpp: float, moving: np.ndarray, fixed: np.ndarray, pos
                    "runner_up_consensus": int(tried[1][0]) if len(tried) > 1 else 0, "candidates": CANDIDATES},
         "windows_supporting": windows, "icp_rounds": fit.rounds, "converged": fit.converged,
         "n_he_nuclei": int(len(moving)), "n_xenium_nuclei": int(len(fixed)),
-        "matched_nuclei": int(len(fit.pairs)), "consensus_nuclei": consensus[0], "chance_consensus_nuclei": consensus[1],
+        "matched_nuclei": int(len(fit.pairs)), "consensus_nuclei": consensus[0],
+        "chance_consensus_nuclei": consensus[1],
         "residual_median_um": float(np.median(distance)), "residual_p90_um": float(np.percentile(distance, 90)),
     }
     return Registration(fit.matrix, alignment_matrix(fit.matrix, mpp), record)
