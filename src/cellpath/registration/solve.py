@@ -163,6 +163,9 @@ def _result(fit: FineFit, mpp: float, moving: np.ndarray, fixed: np.ndarray, pos
         "coarse": {"angle_deg": pose.angle_deg, "flipped": pose.flipped, "scale": pose.scale,
                    "score": round(pose.score, 6),
                    "runner_up_consensus": int(tried[1][0]) if len(tried) > 1 else 0, "candidates": CANDIDATES},
+        "fine_fitted": [{"angle_deg": p.angle_deg, "flipped": p.flipped, "scale": p.scale, "score": round(p.score, 6),
+                         "windows_supporting": w, "consensus_nuclei": c, "converged": f.converged}
+                        for c, p, w, f in tried],  # every start the fine fit was run from, and its consensus
         "windows_supporting": windows, "icp_rounds": fit.rounds, "converged": fit.converged,
         "n_he_nuclei": int(len(moving)), "n_xenium_nuclei": int(len(fixed)),
         "matched_nuclei": int(len(fit.pairs)), "consensus_nuclei": consensus[0],
