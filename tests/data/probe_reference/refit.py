@@ -15,7 +15,7 @@ scikit-learn's ``LogisticRegression`` (lbfgs, ``tol`` 1e-10, run until it conver
 stops at ``max_iter`` stops the script) at every C of ``probe.c_grid``, each C's validation
 Macro-F1 over the run's classes (scikit-learn's ``f1_score``), the C of the best one (the smallest
 C where several are within 1e-12 of it, the tie rule of docs/decisions/0039-tie-rules.md) and that
-C's test Macro-F1.
+C's test Macro-F1 — and every C's validation and test Macro-F1, what the choice was made from.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ TOL, MAX_ITER, TIE = 1e-10, 100_000, 1e-12
 KEYS = ["model", "magnification", "readout", "taxonomy", "protocol", "unit", "seed"]
 
 
-def refit_run(x: np.ndarray, codes: np.ndarray, task, c_grid: list[float]) -> tuple[float, float]:
-    """(chosen C, test Macro-F1) of one run, fitted with scikit-learn at every C of ``c_grid``."""
+def refit_run(x: np.ndarray, codes: np.ndarray, task, c_grid: list[float]) -> dict:
+    """One run fitted with scikit-learn at every C of ``c_grid``: the chosen C and its test Macro-F1,
+    and every C's validation and test Macro-F1 (``val_macro_f1_C=<c>``, ``test_macro_f1_C=<c>``)."""
     train = x[task.train].astype(np.float64)
     mean, sd = train.mean(axis=0), train.std(axis=0)
     sd[sd < 1e-8] = 1.0
@@ -54,7 +55,7 @@ def refit_run(x: np.ndarray, codes: np.ndarray, task, c_grid: list[float]) -> tu
         return (x[rows].astype(np.float64) - mean) / sd
 
     val, test = scaled(task.val), scaled(task.test)
-    models, scores = [], []
+    models, scores, tests = [], [], []
     for c in c_grid:
         with warnings.catch_warnings():
             warnings.simplefilter("error", ConvergenceWarning)
@@ -62,11 +63,13 @@ def refit_run(x: np.ndarray, codes: np.ndarray, task, c_grid: list[float]) -> tu
         models.append(model)
         scores.append(f1_score(codes[task.val], model.predict(val), labels=task.classes, average="macro",
                                zero_division=0))
+        tests.append(f1_score(codes[task.test], model.predict(test), labels=task.classes, average="macro",
+                              zero_division=0))
     best = max(scores)
     chosen = next(i for i, score in enumerate(scores) if score >= best - TIE)
-    test_f1 = f1_score(codes[task.test], models[chosen].predict(test), labels=task.classes, average="macro",
-                       zero_division=0)
-    return c_grid[chosen], float(test_f1)
+    return {"chosen_c": c_grid[chosen], "macro_f1": float(tests[chosen]),
+            **{f"val_macro_f1_C={c:g}": float(v) for c, v in zip(c_grid, scores)},
+            **{f"test_macro_f1_C={c:g}": float(t) for c, t in zip(c_grid, tests)}}
 
 
 def refit_block(params, spec, magnification: str, readout: str, panel, plans) -> list[dict]:
@@ -81,7 +84,7 @@ def refit_block(params, spec, magnification: str, readout: str, panel, plans) ->
                    "protocol": run.protocol, "unit": run.unit, "seed": run.seed,
                    "status": "ok" if run.task is not None else "skipped"}
             if run.task is not None:
-                row["chosen_c"], row["macro_f1"] = refit_run(x, codes, run.task, list(params.probe.c_grid))
+                row |= refit_run(x, codes, run.task, list(params.probe.c_grid))
             rows.append(row)
     return rows
 
@@ -100,7 +103,8 @@ def main() -> None:
     results = Parallel(n_jobs=args.jobs)(delayed(refit_block)(params, spec, m, readout, panel, plans)
                                          for spec, m, readout in blocks)
     table = pd.DataFrame([row for rows in results for row in rows]).sort_values(KEYS)
-    table["macro_f1"] = table["macro_f1"].round(6)
+    scores = [c for c in table.columns if "macro_f1" in c]
+    table[scores] = table[scores].round(6)
     table.to_csv(HERE / "default_runs.csv", index=False)
     print(f"{len(table)} runs, {(table['status'] == 'ok').sum()} fitted, from {len(blocks)} feature blocks")
 
